@@ -1,0 +1,22 @@
+package transport
+
+import "errors"
+
+var (
+	// ErrUnavailable wraps every error saying a provider cannot work on
+	// this machine (no device, no library, no permission).
+	ErrUnavailable = errors.New("transport: provider unavailable")
+	// ErrCQOverflow is returned by CQ.Poll once completions were lost
+	// because the queue was full; the QPs using it are in ERROR.
+	ErrCQOverflow = errors.New("transport: completion queue overflow")
+	// ErrQueueFull is returned by PostSend/PostRecv when the work queue
+	// has no room (ENOMEM from ibv_post_send).
+	ErrQueueFull = errors.New("transport: work queue full")
+	// ErrInvalidWR is returned for a malformed work request (too many
+	// SGEs, inline too large, unknown opcode): EINVAL from ibv_post_send.
+	ErrInvalidWR = errors.New("transport: invalid work request")
+	// ErrQPState is returned when posting to a QP in a state that refuses it.
+	ErrQPState = errors.New("transport: queue pair in wrong state")
+	// ErrConnRefused is returned by Connect when nothing listens at addr.
+	ErrConnRefused = errors.New("transport: connection refused")
+)

@@ -1,0 +1,50 @@
+package transport
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+)
+
+var (
+	mu        sync.RWMutex
+	providers = map[string]Provider{}
+)
+
+// Register makes a provider available by name. It panics if called twice
+// with the same name or with a nil provider, as database/sql.Register does:
+// both are programming errors in an init function.
+func Register(p Provider) {
+	if p == nil {
+		panic("transport: Register of nil provider")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := providers[p.Name()]; dup {
+		panic("transport: Register called twice for provider " + p.Name())
+	}
+	providers[p.Name()] = p
+}
+
+// Get returns the registered provider called name.
+func Get(name string) (Provider, error) {
+	mu.RLock()
+	p, ok := providers[name]
+	mu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("transport: provider %q not registered (registered: %v; import its package, e.g. _ \"github.com/rdmagrpc/rdmagrpc/transport/%s\")", name, Providers(), name)
+	}
+	return p, nil
+}
+
+// Providers returns the names of the registered providers, sorted.
+func Providers() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	names := make([]string, 0, len(providers))
+	for n := range providers {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}

@@ -1,0 +1,344 @@
+// Package transport is the provider interface of rdmagrpc: a small model of
+// RDMA verbs (device, protection domain, memory region, completion queue,
+// reliable-connected queue pair) plus an rdma_cm-like connection manager keyed
+// by "host:port".
+//
+// The semantics are those of libibverbs and the InfiniBand specification, so
+// that code written against this package behaves the same on a real NIC
+// (transport/verbs), on Soft-RoCE, and on the software provider
+// (transport/shm). Where the two disagree, the real NIC (rdma_rxe) is the
+// truth and transport/transporttest holds the case.
+//
+// Providers register themselves on import, like database/sql drivers:
+//
+//	import _ "github.com/rdmagrpc/rdmagrpc/transport/shm"
+//	p, err := transport.Get("shm")
+package transport
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+// Provider opens devices. One Provider value is registered per name.
+type Provider interface {
+	// Name is the registered name ("verbs", "shm", "fault", ...).
+	Name() string
+	// Open opens a device. name "" selects the provider's default device.
+	// When the provider cannot work on this machine the error says what is
+	// missing (no device, no library, no permission) and wraps
+	// ErrUnavailable.
+	Open(name string) (Device, error)
+}
+
+// DeviceAttr are the limits of a device, as ibv_query_device reports them.
+type DeviceAttr struct {
+	MaxQPWR     int    // max outstanding work requests per queue
+	MaxSGE      int    // max scatter-gather entries per work request
+	MaxCQE      int    // max entries of one completion queue
+	MaxInline   int    // max inline data of one send
+	MaxMRSize   uint64 // largest single registration
+	MaxQPRdAtom int    // max outstanding RDMA READs per QP (responder side)
+}
+
+// Device is an opened device context (ibv_context plus the rdma_cm entry points).
+type Device interface {
+	Name() string
+	Provider() string
+	Attr() DeviceAttr
+
+	// AllocMemory returns size bytes of page-aligned memory outside the Go
+	// heap that this provider can register and, for shm, share with a peer
+	// process. Free it with FreeMemory after every MR over it is deregistered.
+	AllocMemory(size int) ([]byte, error)
+	FreeMemory(mem []byte) error
+
+	AllocPD() (PD, error)
+	// CreateCQ creates a completion queue of at least entries entries.
+	CreateCQ(entries int) (CQ, error)
+
+	// Listen binds the connection manager to addr ("host:port"; port 0 picks
+	// a free port). Incoming requests are created on this device.
+	Listen(addr string) (Listener, error)
+	// Connect resolves addr, creates a QP from cfg and connects it, sending
+	// private data (at most MaxPrivateData bytes). The returned QP carries
+	// the peer's private data from its accept. A rejection returns a
+	// *RejectError carrying the peer's reject private data; nothing
+	// listening returns an error wrapping ErrConnRefused.
+	Connect(ctx context.Context, addr string, cfg QPConfig, private []byte) (QP, error)
+
+	Close() error
+}
+
+// MaxPrivateData is the private data limit honoured by every provider
+// (rdma_cm allows 56 bytes on RC connect over RoCE/IB).
+const MaxPrivateData = 56
+
+// PD is a protection domain. An rkey is valid only for QPs of the PD that
+// registered it.
+type PD interface {
+	// RegMR registers mem (which must come from Device.AllocMemory for
+	// providers that need it, such as shm) with the given access.
+	RegMR(mem []byte, access Access) (MR, error)
+	Close() error
+}
+
+// Access are memory region access flags (IBV_ACCESS_*).
+type Access uint32
+
+const (
+	AccessLocalWrite Access = 1 << iota
+	AccessRemoteWrite
+	AccessRemoteRead
+)
+
+// MR is a registered memory region. Addr is the address remote peers use
+// (the virtual address, as with ibv_reg_mr).
+type MR interface {
+	Addr() uint64
+	Len() int
+	LKey() uint32
+	RKey() uint32
+	Access() Access
+	Bytes() []byte
+	// Dereg deregisters the region (ibv_dereg_mr). Its rkey becomes
+	// invalid at once: later remote accesses fail with StatusRemAccessErr.
+	Dereg() error
+}
+
+// CQ is a completion queue with verbs' arm-then-notify semantics:
+// ReqNotify arms the queue; the next completion added after arming makes
+// Wait return (once); Wait does not consume completions. The canonical
+// loop is: Poll until empty, ReqNotify, Poll again, then Wait.
+type CQ interface {
+	// Poll moves up to len(wc) completions into wc and returns how many.
+	// After an overflow it returns ErrCQOverflow.
+	Poll(wc []WorkCompletion) (int, error)
+	// ReqNotify arms the queue for the next completion
+	// (ibv_req_notify_cq with solicited_only = 0).
+	ReqNotify() error
+	// Wait blocks until an armed queue has been notified, ctx is done, or
+	// the queue is closed. It parks no OS thread: the wait is on a file
+	// descriptor in Go's netpoller (completion channel or eventfd).
+	Wait(ctx context.Context) error
+	// Cap is the number of entries the queue holds.
+	Cap() int
+	Close() error
+}
+
+// QPConfig are the attributes of a new RC queue pair.
+type QPConfig struct {
+	PD         PD
+	SendCQ     CQ
+	RecvCQ     CQ
+	MaxSendWR  int
+	MaxRecvWR  int
+	MaxSendSGE int
+	MaxRecvSGE int
+	MaxInline  int
+	// RetryCount is the transport retry count (0–7).
+	RetryCount int
+	// RNRRetry is the receiver-not-ready retry count (0–7, 7 = infinite).
+	RNRRetry int
+	// MinRNRTimer is the delay between RNR retries.
+	MinRNRTimer time.Duration
+	// Timeout is the local ACK timeout of one transmission.
+	Timeout time.Duration
+}
+
+// QPState is a queue pair state (IBV_QPS_*).
+type QPState uint8
+
+const (
+	QPSReset QPState = iota
+	QPSInit
+	QPSRTR
+	QPSRTS
+	QPSSQD
+	QPSSQE
+	QPSErr
+)
+
+func (s QPState) String() string {
+	switch s {
+	case QPSReset:
+		return "RESET"
+	case QPSInit:
+		return "INIT"
+	case QPSRTR:
+		return "RTR"
+	case QPSRTS:
+		return "RTS"
+	case QPSSQD:
+		return "SQD"
+	case QPSSQE:
+		return "SQE"
+	case QPSErr:
+		return "ERROR"
+	}
+	return "QPState(?)"
+}
+
+// QP is a connected reliable-connected queue pair together with its
+// connection-manager identity (an rdma_cm_id with its QP).
+type QP interface {
+	Num() uint32
+	State() QPState
+	// PostSend posts work requests in order (ibv_post_send). An immediate
+	// error (queue full, too many SGEs, inline too large, QP in RESET) is
+	// returned and nothing from the failing request on is posted; the
+	// returned int is how many were posted. In ERROR state requests are
+	// accepted and complete with StatusWRFlushErr.
+	PostSend(wrs ...SendWR) (int, error)
+	// PostRecv posts receive requests (ibv_post_recv), same rules.
+	PostRecv(wrs ...RecvWR) (int, error)
+	// SetError moves the QP to ERROR: outstanding and later work requests
+	// complete with StatusWRFlushErr. The peer is not told.
+	SetError() error
+
+	LocalAddr() net.Addr
+	RemoteAddr() net.Addr
+	// PeerPrivate is the peer's private data (from its connect or accept).
+	PeerPrivate() []byte
+	// Disconnected is closed when the connection manager learns that the
+	// peer disconnected or vanished (RDMA_CM_EVENT_DISCONNECTED); by then
+	// the QP is in ERROR and outstanding work is flushed.
+	Disconnected() <-chan struct{}
+	// Disconnect tells the peer and moves the QP to ERROR (rdma_disconnect)
+	// without destroying it, so flushed completions can still be polled.
+	Disconnect() error
+	// Close disconnects if needed and destroys the QP (rdma_destroy_qp +
+	// rdma_destroy_id). Its CQs are not closed.
+	Close() error
+}
+
+// Listener accepts connection requests (an rdma_cm listening id).
+type Listener interface {
+	// Accept returns the next connection request. It returns net.ErrClosed
+	// after Close.
+	Accept(ctx context.Context) (ConnRequest, error)
+	Addr() net.Addr
+	Close() error
+}
+
+// ConnRequest is a pending incoming connection (RDMA_CM_EVENT_CONNECT_REQUEST).
+// Exactly one of Accept or Reject must be called.
+type ConnRequest interface {
+	PeerPrivate() []byte
+	RemoteAddr() net.Addr
+	// Accept creates a QP from cfg, connects it and answers with private
+	// data. It returns once the connection is established.
+	Accept(ctx context.Context, cfg QPConfig, private []byte) (QP, error)
+	// Reject refuses the request; the peer's Connect returns a *RejectError
+	// carrying private.
+	Reject(private []byte) error
+}
+
+// RejectError is returned by Connect when the peer rejected the request.
+type RejectError struct {
+	Addr    string
+	Private []byte
+}
+
+func (e *RejectError) Error() string {
+	return "transport: connection to " + e.Addr + " rejected by peer"
+}
+
+// Opcode is a send work request opcode (IBV_WR_*).
+type Opcode uint8
+
+const (
+	OpSend Opcode = iota
+	OpSendWithImm
+	OpWrite
+	OpWriteWithImm
+	OpRead
+)
+
+func (o Opcode) String() string {
+	switch o {
+	case OpSend:
+		return "SEND"
+	case OpSendWithImm:
+		return "SEND_WITH_IMM"
+	case OpWrite:
+		return "RDMA_WRITE"
+	case OpWriteWithImm:
+		return "RDMA_WRITE_WITH_IMM"
+	case OpRead:
+		return "RDMA_READ"
+	}
+	return "Opcode(?)"
+}
+
+// SGE is a scatter-gather element in local registered memory.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// SendWR is a send work request (struct ibv_send_wr).
+type SendWR struct {
+	ID     uint64
+	Opcode Opcode
+	SG     []SGE
+	// Imm is the immediate data of *_WITH_IMM opcodes.
+	Imm uint32
+	// Signaled requests a completion on success. Unsignaled requests
+	// complete silently unless they fail; an error completion is always
+	// generated.
+	Signaled bool
+	// Inline copies the data at post time; SG keys are not checked.
+	Inline bool
+	// RemoteAddr and RKey name the peer memory of WRITE, WRITE_WITH_IMM and READ.
+	RemoteAddr uint64
+	RKey       uint32
+}
+
+// RecvWR is a receive work request (struct ibv_recv_wr).
+type RecvWR struct {
+	ID uint64
+	SG []SGE
+}
+
+// WCOpcode is the opcode of a completion (IBV_WC_*).
+type WCOpcode uint8
+
+const (
+	WCSend WCOpcode = iota
+	WCRDMAWrite
+	WCRDMARead
+	WCRecv
+	WCRecvRDMAWithImm
+)
+
+func (o WCOpcode) String() string {
+	switch o {
+	case WCSend:
+		return "SEND"
+	case WCRDMAWrite:
+		return "RDMA_WRITE"
+	case WCRDMARead:
+		return "RDMA_READ"
+	case WCRecv:
+		return "RECV"
+	case WCRecvRDMAWithImm:
+		return "RECV_RDMA_WITH_IMM"
+	}
+	return "WCOpcode(?)"
+}
+
+// WorkCompletion is struct ibv_wc. On error only ID, Status, QPNum and
+// VendorErr are defined (as in verbs).
+type WorkCompletion struct {
+	ID        uint64
+	Status    Status
+	Opcode    WCOpcode
+	ByteLen   uint32
+	Imm       uint32
+	HasImm    bool
+	QPNum     uint32
+	VendorErr uint32
+}
