@@ -1,0 +1,58 @@
+# rdmagrpc — see README.md. `make test` is what CI runs (.ci/run).
+GO      ?= go
+PKGS    ?= ./...
+# -p 2: these machines have two cores; more parallel test binaries only
+# make the timing-sensitive transport tests flaky.
+TESTFLAGS ?= -race -count=1 -p 2 -timeout 15m
+
+.PHONY: all deps build test test-unit test-rxe bench demo generate lint fuzz soak clean
+
+all: build
+
+deps:
+	@./scripts/deps.sh
+
+build: deps
+	$(GO) build $(PKGS)
+
+# Tier 1 and 2: unit, conformance (shm, one and two processes), end to end,
+# eBPF probes (as root). Tier 3, the Soft-RoCE qemu guest, runs after them:
+# never beside them on a 2-core machine.
+test: deps
+	$(GO) vet $(PKGS)
+	$(MAKE) test-unit
+	$(MAKE) test-rxe
+
+test-unit:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bufpool/ ./conn/...
+
+demo: deps
+	@if [ -d cmd/demo ]; then $(GO) run ./cmd/demo; else echo "demo: arrives with the conn package (issue 4); see README status table"; fi
+
+generate:
+	$(GO) generate ./...
+
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(STATICCHECK) $(PKGS)
+
+FUZZTIME ?= 30s
+fuzz:
+	@for p in $$($(GO) list $(PKGS)); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$p 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$p $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$p || exit 1; \
+	  done; done
+
+clean:
+	$(GO) clean -testcache
+
+-include tests/rxe/rxe.mk
+ifeq ($(wildcard tests/rxe/rxe.mk),)
+test-rxe:
+	@echo "test-rxe: the Soft-RoCE tier is not in this tree yet (issue 3)"
+endif
