@@ -1,0 +1,461 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// Connection management. A listener on host:port is a SOCK_SEQPACKET unix
+// socket in the abstract namespace named after the IP and port, so it
+// needs no file system and is private to the network namespace, as a TCP
+// port is. Wildcard listeners use "*" for the IP and are found by dialers
+// of any local address.
+
+const (
+	maxPrivate   = transport.MaxPrivateData
+	sockPrefix   = "@rdmagrpc-shm/"
+	portLo       = 32768
+	portHi       = 60999
+	setupTimeout = 10 * time.Second
+)
+
+// Addr is the address of an shm endpoint: the host:port it was named by.
+type Addr struct {
+	IP   netip.Addr
+	Port int
+}
+
+// Network returns "rdma": the address space is the one RDMA CM uses.
+func (a *Addr) Network() string { return "rdma" }
+
+func (a *Addr) String() string {
+	return net.JoinHostPort(a.IP.String(), strconv.Itoa(a.Port))
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	if x, ok := a.(*Addr); ok && x != nil {
+		return netip.AddrPortFrom(x.IP, uint16(x.Port))
+	}
+	return netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
+}
+
+// resolve parses host:port; an empty host or an unspecified IP is a wildcard.
+func resolve(ctx context.Context, hostport string) (netip.Addr, int, error) {
+	host, ps, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return netip.Addr{}, 0, fmt.Errorf("shm: address %q: %w", hostport, err)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return netip.Addr{}, 0, fmt.Errorf("shm: address %q: bad port", hostport)
+	}
+	if host == "" {
+		return netip.IPv4Unspecified(), port, nil
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap().WithZone(""), port, nil
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		return netip.Addr{}, 0, fmt.Errorf("shm: resolve %q: %w", host, err)
+	}
+	best := ips[0]
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			best = ip
+			break
+		}
+	}
+	return best.Unmap(), port, nil
+}
+
+func sockName(ip netip.Addr, port int) string {
+	if ip.IsUnspecified() {
+		return sockPrefix + "*:" + strconv.Itoa(port)
+	}
+	return sockPrefix + net.JoinHostPort(ip.String(), strconv.Itoa(port))
+}
+
+// isLocal reports whether a wildcard listener would accept a TCP
+// connection to ip on this host.
+func isLocal(ip netip.Addr) bool {
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if p, ok := a.(*net.IPNet); ok {
+			if x, ok := netip.AddrFromSlice(p.IP); ok && x.Unmap() == ip {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (d *device) Listen(addr string) (transport.Listener, error) {
+	ip, port, err := resolve(context.Background(), addr)
+	if err != nil {
+		return nil, err
+	}
+	var ul *net.UnixListener
+	if port != 0 {
+		ul, err = listenUnix(sockName(ip, port))
+		if err != nil {
+			return nil, fmt.Errorf("shm: listen on %s: %w", addr, err)
+		}
+	} else {
+		// Port 0: try random ports of the ephemeral range until the
+		// abstract name is free.
+		for range 1000 {
+			port = portLo + rand.IntN(portHi-portLo+1)
+			ul, err = listenUnix(sockName(ip, port))
+			if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+				break
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("shm: listen on %s: no free port: %w", addr, err)
+		}
+	}
+	l := &listener{
+		dev:  d,
+		ul:   ul,
+		addr: &Addr{IP: ip, Port: port},
+		reqs: make(chan *connReq),
+		done: make(chan struct{}),
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+func listenUnix(name string) (*net.UnixListener, error) {
+	return net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
+}
+
+type listener struct {
+	dev       *device
+	ul        *net.UnixListener
+	addr      *Addr
+	reqs      chan *connReq
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[*net.UnixConn]bool // connections still in handshake
+}
+
+func (l *listener) Addr() net.Addr { return l.addr }
+
+func (l *listener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ul.AcceptUnix()
+		if err != nil {
+			return
+		}
+		l.mu.Lock()
+		if l.pending == nil {
+			l.pending = map[*net.UnixConn]bool{}
+		}
+		l.pending[c] = true
+		l.mu.Unlock()
+		l.wg.Add(1)
+		go l.handshake(c)
+	}
+}
+
+// handshake reads the connect request and hands it to Accept.
+func (l *listener) handshake(c *net.UnixConn) {
+	defer l.wg.Done()
+	defer func() {
+		l.mu.Lock()
+		delete(l.pending, c)
+		l.mu.Unlock()
+	}()
+	l.mu.Lock()
+	select {
+	case <-l.done:
+		l.mu.Unlock()
+		c.Close()
+		return
+	default:
+	}
+	c.SetReadDeadline(time.Now().Add(setupTimeout))
+	l.mu.Unlock()
+	buf := make([]byte, maxMsg)
+	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
+	b, fds, err := readMsg(c, buf, oob)
+	if err != nil || b[0] != msgConnect {
+		closeFDs(fds)
+		c.Close()
+		return
+	}
+	info, err := decodeInfo(b)
+	if err != nil || len(fds) != infoFDs {
+		closeFDs(fds)
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	r := &connReq{l: l, conn: c, info: info, fds: fds}
+	select {
+	case l.reqs <- r:
+	case <-l.done:
+		r.Reject(nil)
+	}
+}
+
+func (l *listener) Accept(ctx context.Context) (transport.ConnRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.done:
+		return nil, fmt.Errorf("shm: accept on %v: %w", l.addr, net.ErrClosed)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() {
+		close(l.done)
+		l.ul.Close()
+		// Unblock handshakes still reading a request.
+		l.mu.Lock()
+		for c := range l.pending {
+			c.SetReadDeadline(aLongTimeAgo)
+		}
+		l.mu.Unlock()
+		l.wg.Wait()
+	})
+	return nil
+}
+
+// connReq is a connect request waiting for Accept or Reject.
+type connReq struct {
+	l    *listener
+	conn *net.UnixConn
+	info qpInfo
+	fds  []int
+	used atomic.Bool
+}
+
+func (r *connReq) PeerPrivate() []byte { return r.info.private }
+
+func (r *connReq) RemoteAddr() net.Addr {
+	return &Addr{IP: r.info.addr.Addr(), Port: int(r.info.addr.Port())}
+}
+
+func (r *connReq) Reject(private []byte) error {
+	if r.used.Swap(true) {
+		return errors.New("shm: connection request already answered")
+	}
+	defer r.conn.Close()
+	closeFDs(r.fds)
+	if len(private) > maxPrivate {
+		private = private[:maxPrivate]
+	}
+	b := append([]byte{msgReject, byte(len(private))}, private...)
+	if err := writeMsg(r.conn, b); err != nil {
+		return fmt.Errorf("shm: reject: %w", err)
+	}
+	return nil
+}
+
+func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+	if r.used.Swap(true) {
+		return nil, errors.New("shm: connection request already answered")
+	}
+	if len(private) > maxPrivate {
+		closeFDs(r.fds)
+		r.conn.Close()
+		return nil, fmt.Errorf("shm: accept: %d bytes of private data, max %d: %w", len(private), maxPrivate, transport.ErrInvalidWR)
+	}
+	q, err := r.l.dev.newQP(cfg)
+	if err != nil {
+		closeFDs(r.fds)
+		r.conn.Close()
+		return nil, err
+	}
+	fail := func(err error) (transport.QP, error) {
+		r.conn.Close()
+		q.Close()
+		return nil, fmt.Errorf("shm: accept from %v: %w", r.RemoteAddr(), err)
+	}
+	p, err := newPeer(r.info, r.fds)
+	if err != nil {
+		return fail(err)
+	}
+	q.peer = p
+	local := &Addr{IP: r.l.addr.IP, Port: r.l.addr.Port}
+	if local.IP.IsUnspecified() {
+		local.IP = r.info.addr.Addr()
+		if !local.IP.IsValid() || local.IP.IsUnspecified() {
+			local.IP = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+		}
+	}
+	fds, err := q.shareFDs()
+	if err != nil {
+		return fail(err)
+	}
+	err = writeMsg(r.conn, q.info(local, private).encode(msgAccept), fds...)
+	closeFDs(fds)
+	if err != nil {
+		return fail(err)
+	}
+	// Established when the other side says it has mapped everything.
+	stop := deadlineFromCtx(ctx, r.conn)
+	buf := make([]byte, maxMsg)
+	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
+	b, extra, err := readMsg(r.conn, buf, oob)
+	stop()
+	closeFDs(extra)
+	if err != nil || b[0] != msgReady {
+		if err == nil {
+			err = errors.New("unexpected message")
+		}
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return fail(fmt.Errorf("waiting for the connection to be established: %w", err))
+	}
+	q.start(r.conn, p, local, r.RemoteAddr(), r.info.private)
+	return q, nil
+}
+
+// deadlineFromCtx makes reads on c fail when ctx ends or after the
+// set-up timeout; the returned func undoes it.
+func deadlineFromCtx(ctx context.Context, c *net.UnixConn) func() {
+	c.SetReadDeadline(time.Now().Add(setupTimeout))
+	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(aLongTimeAgo) })
+	return func() {
+		stop()
+		c.SetReadDeadline(time.Time{})
+	}
+}
+
+var localPorts atomic.Uint32
+
+func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+	if len(private) > maxPrivate {
+		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	}
+	ip, port, err := resolve(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialShm(ctx, ip, port)
+	if err != nil {
+		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
+	}
+	q, err := d.newQP(cfg)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	fail := func(err error) (transport.QP, error) {
+		c.Close()
+		q.Close()
+		return nil, err
+	}
+	localIP := ip
+	if localIP.IsUnspecified() {
+		localIP = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	local := &Addr{IP: localIP, Port: portLo + int(localPorts.Add(1))%(portHi-portLo)}
+	remote := &Addr{IP: ip, Port: port}
+	fds, err := q.shareFDs()
+	if err != nil {
+		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	}
+	err = writeMsg(c, q.info(local, private).encode(msgConnect), fds...)
+	closeFDs(fds)
+	if err != nil {
+		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	}
+	stop := deadlineFromCtx(ctx, c)
+	buf := make([]byte, maxMsg)
+	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
+	b, rfds, err := readMsg(c, buf, oob)
+	stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			return fail(fmt.Errorf("shm: connect to %s: %w", addr, ctx.Err()))
+		}
+		// The listener went away before answering.
+		return fail(fmt.Errorf("shm: connect to %s: %w (%v)", addr, transport.ErrConnRefused, err))
+	}
+	switch b[0] {
+	case msgReject:
+		closeFDs(rfds)
+		var priv []byte
+		if len(b) >= 2 && int(b[1]) <= len(b)-2 {
+			priv = append([]byte(nil), b[2:2+int(b[1])]...)
+		}
+		fail(nil)
+		return nil, &transport.RejectError{Addr: addr, Private: priv}
+	case msgAccept:
+	default:
+		closeFDs(rfds)
+		return fail(fmt.Errorf("shm: connect to %s: unexpected message %d", addr, b[0]))
+	}
+	info, err := decodeInfo(b)
+	if err != nil {
+		closeFDs(rfds)
+		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	}
+	p, err := newPeer(info, rfds)
+	if err != nil {
+		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	}
+	q.peer = p
+	if err := writeMsg(c, []byte{msgReady}); err != nil {
+		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	}
+	q.start(c, p, local, remote, info.private)
+	return q, nil
+}
+
+// dialShm connects to the listener for ip:port, or to a wildcard listener
+// on that port when ip is an address of this host.
+func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error) {
+	names := []string{sockName(ip, port)}
+	if !ip.IsUnspecified() && isLocal(ip) {
+		names = append(names, sockName(netip.IPv4Unspecified(), port))
+	}
+	if ip.IsUnspecified() {
+		names = append(names, sockName(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port))
+	}
+	var d net.Dialer
+	var last error
+	for _, n := range names {
+		c, err := d.DialContext(ctx, "unixpacket", n)
+		if err == nil {
+			return c.(*net.UnixConn), nil
+		}
+		last = err
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("%w: nothing listens on port %d (%v)", transport.ErrConnRefused, port, last)
+}

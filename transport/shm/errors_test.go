@@ -1,0 +1,399 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+func waitState(t *testing.T, qp transport.QP, st transport.QPState) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); qp.State() != st; {
+		if time.Now().After(deadline) {
+			t.Fatalf("QP %d state %v, want %v", qp.Num(), qp.State(), st)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+func TestRemoteAccessErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		wr   func(cli, srv *side) transport.SendWR
+	}{
+		{"bad rkey", func(cli, srv *side) transport.SendWR {
+			return transport.SendWR{Opcode: transport.OpWrite, SG: cli.sge(0, 8), RemoteAddr: srv.mr.Addr(), RKey: srv.mr.RKey() ^ 0x55}
+		}},
+		{"out of bounds", func(cli, srv *side) transport.SendWR {
+			return transport.SendWR{Opcode: transport.OpWrite, SG: cli.sge(0, 8), RemoteAddr: srv.mr.Addr() + uint64(srv.mr.Len()) - 4, RKey: srv.mr.RKey()}
+		}},
+		{"read without remote read", func(cli, srv *side) transport.SendWR {
+			mr, err := srv.pd.RegMR(srv.mem[:4096], transport.AccessLocalWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mr.Dereg() })
+			return transport.SendWR{Opcode: transport.OpRead, SG: cli.sge(0, 8), RemoteAddr: mr.Addr(), RKey: mr.RKey()}
+		}},
+		{"deregistered", func(cli, srv *side) transport.SendWR {
+			mr, err := srv.pd.RegMR(srv.mem[:4096], transport.AccessLocalWrite|transport.AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := mr.Dereg(); err != nil {
+				t.Fatal(err)
+			}
+			return transport.SendWR{Opcode: transport.OpWrite, SG: cli.sge(0, 8), RemoteAddr: mr.Addr(), RKey: mr.RKey()}
+		}},
+		{"other PD", func(cli, srv *side) transport.SendWR {
+			pd2, _ := srv.dev.AllocPD()
+			mr, err := pd2.RegMR(srv.mem[:4096], transport.AccessLocalWrite|transport.AccessRemoteWrite)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { mr.Dereg(); pd2.Close() })
+			return transport.SendWR{Opcode: transport.OpWrite, SG: cli.sge(0, 8), RemoteAddr: mr.Addr(), RKey: mr.RKey()}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cli, srv := pair(t, nil)
+			srv.qp.PostRecv(transport.RecvWR{ID: 1, SG: srv.sge(0, 8)})
+			wr := tc.wr(cli, srv)
+			wr.ID = 99
+			if _, err := cli.qp.PostSend(wr); err != nil {
+				t.Fatal(err)
+			}
+			wc := poll(t, cli.scq, 1)[0]
+			wantStatus(t, wc, transport.StatusRemAccessErr)
+			if wc.ID != 99 {
+				t.Fatalf("%+v", wc)
+			}
+			waitState(t, cli.qp, transport.QPSErr)
+			waitState(t, srv.qp, transport.QPSErr)
+			// The responder's posted receive is flushed.
+			wantStatus(t, poll(t, srv.rcq, 1)[0], transport.StatusWRFlushErr)
+			// Later requests flush on the requester.
+			cli.qp.PostSend(transport.SendWR{ID: 100, Opcode: transport.OpSend})
+			wc = poll(t, cli.scq, 1)[0]
+			if wc.ID != 100 || wc.Status != transport.StatusWRFlushErr {
+				t.Fatalf("%+v", wc)
+			}
+		})
+	}
+}
+
+func TestSendTooLong(t *testing.T) {
+	cli, srv := pair(t, nil)
+	srv.qp.PostRecv(transport.RecvWR{ID: 1, SG: srv.sge(0, 4)}, transport.RecvWR{ID: 2, SG: srv.sge(0, 4)})
+	cli.qp.PostSend(transport.SendWR{ID: 5, Opcode: transport.OpSend, SG: cli.sge(0, 5)})
+	wantStatus(t, poll(t, cli.scq, 1)[0], transport.StatusRemInvReqErr)
+	rc := poll(t, srv.rcq, 2)
+	if rc[0].ID != 1 || rc[0].Status != transport.StatusLocLenErr || rc[1].ID != 2 || rc[1].Status != transport.StatusWRFlushErr {
+		t.Fatalf("%+v", rc)
+	}
+	waitState(t, cli.qp, transport.QPSErr)
+	waitState(t, srv.qp, transport.QPSErr)
+}
+
+func TestLocalProtErr(t *testing.T) {
+	cli, srv := pair(t, nil)
+	srv.qp.PostRecv(transport.RecvWR{ID: 1, SG: srv.sge(0, 64)})
+	sg := cli.sge(0, 8)
+	sg[0].LKey ^= 0x11
+	cli.qp.PostSend(transport.SendWR{ID: 3, Opcode: transport.OpSend, SG: sg})
+	wc := poll(t, cli.scq, 1)[0]
+	wantStatus(t, wc, transport.StatusLocProtErr)
+	waitState(t, cli.qp, transport.QPSErr)
+	if srv.qp.State() != transport.QPSRTS {
+		t.Fatalf("responder state %v", srv.qp.State())
+	}
+}
+
+func TestRNR(t *testing.T) {
+	t.Run("exhausted", func(t *testing.T) {
+		cli, _ := pair(t, func(c, s *transport.QPConfig) { c.RNRRetry = 2; c.MinRNRTimer = 2 * time.Millisecond })
+		start := time.Now()
+		cli.qp.PostSend(transport.SendWR{ID: 1, Opcode: transport.OpSend, SG: cli.sge(0, 8)}, transport.SendWR{ID: 2, Opcode: transport.OpWrite, Signaled: true})
+		wc := poll(t, cli.scq, 2)
+		wantStatus(t, wc[0], transport.StatusRNRRetryExcErr)
+		wantStatus(t, wc[1], transport.StatusWRFlushErr)
+		if d := time.Since(start); d < 4*time.Millisecond {
+			t.Fatalf("RNR retries took %v, want ≥ 2×2ms", d)
+		}
+		waitState(t, cli.qp, transport.QPSErr)
+	})
+	t.Run("infinite then posted", func(t *testing.T) {
+		cli, srv := pair(t, nil) // RNRRetry 7
+		cli.qp.PostSend(transport.SendWR{ID: 1, Opcode: transport.OpSend, SG: cli.sge(0, 8), Signaled: true}, transport.SendWR{ID: 2, Opcode: transport.OpSend, Signaled: true})
+		time.Sleep(20 * time.Millisecond)
+		pollNone(t, cli.scq)
+		srv.qp.PostRecv(transport.RecvWR{ID: 10, SG: srv.sge(0, 8)}, transport.RecvWR{ID: 11})
+		wc := poll(t, cli.scq, 2)
+		if wc[0].ID != 1 || wc[1].ID != 2 || wc[0].Status != 0 || wc[1].Status != 0 {
+			t.Fatalf("%+v", wc)
+		}
+		rc := poll(t, srv.rcq, 2)
+		if rc[0].ID != 10 || rc[0].ByteLen != 8 || rc[1].ID != 11 || rc[1].ByteLen != 0 {
+			t.Fatalf("%+v", rc)
+		}
+	})
+}
+
+func TestPostErrors(t *testing.T) {
+	cli, srv := pair(t, func(c, s *transport.QPConfig) { c.MaxSendWR = 2; s.MaxRecvWR = 2 })
+	_, err := cli.qp.PostSend(transport.SendWR{Opcode: transport.OpSend, SG: make([]transport.SGE, 5)})
+	if !errors.Is(err, transport.ErrInvalidWR) {
+		t.Fatalf("too many SGEs: %v", err)
+	}
+	_, err = cli.qp.PostSend(transport.SendWR{Opcode: transport.OpSend, SG: cli.sge(0, 65), Inline: true})
+	if !errors.Is(err, transport.ErrInvalidWR) {
+		t.Fatalf("inline too large: %v", err)
+	}
+	n, err := srv.qp.PostRecv(transport.RecvWR{ID: 1}, transport.RecvWR{ID: 2}, transport.RecvWR{ID: 3})
+	if n != 2 || !errors.Is(err, transport.ErrQueueFull) {
+		t.Fatalf("recv queue full: %d %v", n, err)
+	}
+	// Unsignaled successful sends occupy the send queue until a later
+	// signaled completion is polled.
+	w := transport.SendWR{Opcode: transport.OpWrite}
+	n, err = cli.qp.PostSend(w, w, w)
+	if n != 2 || !errors.Is(err, transport.ErrQueueFull) {
+		t.Fatalf("send queue full: %d %v", n, err)
+	}
+	pollNone(t, cli.scq)
+	if _, err := cli.qp.PostSend(w); !errors.Is(err, transport.ErrQueueFull) {
+		t.Fatalf("still full: %v", err)
+	}
+}
+
+func TestSendQueueRetire(t *testing.T) {
+	cli, _ := pair(t, func(c, s *transport.QPConfig) { c.MaxSendWR = 2 })
+	w := transport.SendWR{Opcode: transport.OpWrite}
+	sig := transport.SendWR{ID: 9, Opcode: transport.OpWrite, Signaled: true}
+	if n, err := cli.qp.PostSend(w, sig); n != 2 || err != nil {
+		t.Fatal(n, err)
+	}
+	if _, err := cli.qp.PostSend(w); !errors.Is(err, transport.ErrQueueFull) {
+		t.Fatalf("%v", err)
+	}
+	poll(t, cli.scq, 1)
+	if n, err := cli.qp.PostSend(w, sig); n != 2 || err != nil {
+		t.Fatalf("after retiring: %d %v", n, err)
+	}
+}
+
+func TestCQOverflow(t *testing.T) {
+	cli, srv := openSide(t, 2), openSide(t, 64)
+	l, err := srv.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	accepted := make(chan transport.QP, 1)
+	go func() {
+		r, err := l.Accept(ctx)
+		if err != nil {
+			accepted <- nil
+			return
+		}
+		q, _ := r.Accept(ctx, srv.cfg(), nil)
+		accepted <- q
+	}()
+	cli.qp, err = cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), []byte("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srv.qp = <-accepted; srv.qp == nil {
+		t.Fatal("accept failed")
+	}
+	w := transport.SendWR{Opcode: transport.OpWrite, Signaled: true}
+	cli.qp.PostSend(w, w, w)
+	wc := make([]transport.WorkCompletion, 4)
+	if _, err := cli.scq.Poll(wc); !errors.Is(err, transport.ErrCQOverflow) {
+		t.Fatalf("poll: %v", err)
+	}
+	waitState(t, cli.qp, transport.QPSErr)
+}
+
+func TestNotifyWait(t *testing.T) {
+	cli, srv := pair(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	if err := srv.rcq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait without notification: %v", err)
+	}
+	cancel()
+	srv.qp.PostRecv(transport.RecvWR{ID: 1})
+	if err := srv.rcq.ReqNotify(); err != nil {
+		t.Fatal(err)
+	}
+	pollNone(t, srv.rcq)
+	done := make(chan error, 1)
+	go func() { done <- srv.rcq.Wait(context.Background()) }()
+	time.Sleep(5 * time.Millisecond)
+	cli.qp.PostSend(transport.SendWR{Opcode: transport.OpSend})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait not woken by a completion from the peer")
+	}
+	poll(t, srv.rcq, 1)
+	// Not armed: a completion does not wake.
+	srv.qp.PostRecv(transport.RecvWR{ID: 2})
+	cli.qp.PostSend(transport.SendWR{Opcode: transport.OpSend})
+	poll(t, srv.rcq, 1)
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := srv.rcq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait on unarmed CQ: %v", err)
+	}
+	// Close unblocks a waiter.
+	go func() { time.Sleep(5 * time.Millisecond); cli.scq.Close() }()
+	if err := cli.scq.Wait(context.Background()); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("wait after close: %v", err)
+	}
+}
+
+func TestDisconnectFlush(t *testing.T) {
+	cli, srv := pair(t, nil)
+	srv.qp.PostRecv(transport.RecvWR{ID: 1}, transport.RecvWR{ID: 2})
+	cli.qp.PostRecv(transport.RecvWR{ID: 3})
+	if err := cli.qp.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*side{cli, srv} {
+		select {
+		case <-s.qp.Disconnected():
+		case <-time.After(5 * time.Second):
+			t.Fatal("Disconnected not closed")
+		}
+		if s.qp.State() != transport.QPSErr {
+			t.Fatalf("state %v", s.qp.State())
+		}
+	}
+	for _, wc := range poll(t, srv.rcq, 2) {
+		wantStatus(t, wc, transport.StatusWRFlushErr)
+	}
+	wantStatus(t, poll(t, cli.rcq, 1)[0], transport.StatusWRFlushErr)
+	// Posting in ERROR is accepted and flushed.
+	if _, err := srv.qp.PostSend(transport.SendWR{ID: 4, Opcode: transport.OpSend}); err != nil {
+		t.Fatal(err)
+	}
+	wc := poll(t, srv.scq, 1)[0]
+	if wc.ID != 4 || wc.Status != transport.StatusWRFlushErr {
+		t.Fatalf("%+v", wc)
+	}
+	srv.qp.PostRecv(transport.RecvWR{ID: 5})
+	if wc := poll(t, srv.rcq, 1)[0]; wc.ID != 5 || wc.Status != transport.StatusWRFlushErr {
+		t.Fatalf("%+v", wc)
+	}
+}
+
+func TestSetError(t *testing.T) {
+	cli, srv := pair(t, func(c, s *transport.QPConfig) { c.RetryCount = 1; c.Timeout = 5 * time.Millisecond })
+	srv.qp.PostRecv(transport.RecvWR{ID: 1})
+	srv.qp.SetError()
+	wantStatus(t, poll(t, srv.rcq, 1)[0], transport.StatusWRFlushErr)
+	// The peer is not told: its requests time out as if dropped.
+	cli.qp.PostSend(transport.SendWR{ID: 2, Opcode: transport.OpWrite, SG: cli.sge(0, 1), RemoteAddr: srv.mr.Addr(), RKey: srv.mr.RKey()})
+	wantStatus(t, poll(t, cli.scq, 1)[0], transport.StatusRetryExcErr)
+}
+
+func TestConnectErrors(t *testing.T) {
+	s := openSide(t, 4)
+	ctx := context.Background()
+	if _, err := s.dev.Connect(ctx, "127.0.0.1:1", s.cfg(), nil); !errors.Is(err, transport.ErrConnRefused) {
+		t.Fatalf("nothing listening: %v", err)
+	}
+	l, err := s.dev.Listen(":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a := l.Addr()
+	if a.Network() != "rdma" {
+		t.Fatalf("network %q", a.Network())
+	}
+	_, port, _ := net.SplitHostPort(a.String())
+	if port == "0" {
+		t.Fatalf("port not chosen: %v", a)
+	}
+	go func() {
+		r, err := l.Accept(ctx)
+		if err == nil {
+			r.Reject([]byte("go away"))
+		}
+	}()
+	// A wildcard listener is reachable through 127.0.0.1.
+	_, err = s.dev.Connect(ctx, "127.0.0.1:"+port, s.cfg(), nil)
+	var rej *transport.RejectError
+	if !errors.As(err, &rej) || string(rej.Private) != "go away" {
+		t.Fatalf("reject: %v", err)
+	}
+	if _, err := s.dev.Connect(ctx, "127.0.0.1:2", s.cfg(), make([]byte, transport.MaxPrivateData+1)); err == nil {
+		t.Fatal("oversized private data accepted")
+	}
+	l.Close()
+	if _, err := l.Accept(ctx); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("accept after close: %v", err)
+	}
+}
+
+func TestRegMRNotAllocMemory(t *testing.T) {
+	s := openSide(t, 4)
+	if _, err := s.pd.RegMR(make([]byte, 4096), transport.AccessLocalWrite); err == nil {
+		t.Fatal("registered Go heap memory")
+	}
+	if _, err := s.pd.RegMR(s.mem, transport.AccessRemoteWrite); err == nil {
+		t.Fatal("remote write without local write accepted")
+	}
+	sub, err := s.pd.RegMR(s.mem[4096:8192], transport.AccessLocalWrite)
+	if err != nil {
+		t.Fatalf("sub-slice of AllocMemory: %v", err)
+	}
+	if sub.Addr() != s.mr.Addr()+4096 || sub.Len() != 4096 {
+		t.Fatalf("sub MR %#x %d", sub.Addr(), sub.Len())
+	}
+	sub.Dereg()
+	if err := sub.Dereg(); err == nil {
+		t.Fatal("double dereg")
+	}
+}
+
+func TestPeerMappingSweep(t *testing.T) {
+	cli, srv := pair(t, nil)
+	for i := range 3 * sweepAt {
+		mem, err := srv.dev.AllocMemory(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mr, err := srv.pd.RegMR(mem, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.dev.FreeMemory(mem); err == nil {
+			t.Fatal("freed memory with a registered MR")
+		}
+		cli.qp.PostSend(transport.SendWR{ID: uint64(i), Opcode: transport.OpWrite, SG: cli.sge(0, 8), RemoteAddr: mr.Addr(), RKey: mr.RKey(), Signaled: true})
+		wantStatus(t, poll(t, cli.scq, 1)[0], transport.StatusSuccess)
+		mr.Dereg()
+		if err := srv.dev.FreeMemory(mem); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := cli.qp.(*qp)
+	q.sendMu.Lock()
+	n := len(q.peer.maps)
+	q.sendMu.Unlock()
+	if n > sweepAt+1 {
+		t.Fatalf("%d peer mappings cached after the peer freed them", n)
+	}
+}

@@ -1,0 +1,356 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// The MR table of a device lives in shared memory so that a peer checks an
+// rkey exactly as a NIC would, without asking us: valid, same PD as the
+// responder QP, access flags, bounds. Each entry is guarded by a seqlock;
+// a key is index<<8 | generation, so a deregistered key never validates
+// again even when its slot is reused.
+const (
+	mrEntries   = 1 << 14
+	mrEntrySize = 64
+	mrTableSize = mrEntries * mrEntrySize
+
+	mrSeq      = 0  // u32, odd while being written
+	mrKey      = 4  // u32, 0 when the slot is free
+	mrPD       = 8  // u32
+	mrAccess   = 12 // u32
+	mrAddr     = 16 // u64, virtual address in the owner
+	mrLen      = 24 // u64
+	mrMemfdID  = 32 // u64, allocation id in the owner process
+	mrMemfdOff = 40 // u64, offset of addr inside that memfd
+)
+
+// mrEntry is one decoded table entry.
+type mrEntry struct {
+	key, pd  uint32
+	access   transport.Access
+	addr     uint64
+	length   uint64
+	memfdID  uint64
+	memfdOff uint64
+}
+
+// covers reports whether [addr, addr+n) lies inside the region.
+func (e *mrEntry) covers(addr, n uint64) bool {
+	return addr >= e.addr && addr-e.addr <= e.length && n <= e.length-(addr-e.addr)
+}
+
+// mrTable is a view of a device's table, ours or a peer's.
+type mrTable []byte
+
+// lookup reads the entry for key. The table may belong to another process,
+// so a writer that never finishes must not hang us: the retry is bounded.
+func (t mrTable) lookup(key uint32) (mrEntry, bool) {
+	idx := int(key >> 8)
+	if idx >= mrEntries || key == 0 || len(t) < mrTableSize {
+		return mrEntry{}, false
+	}
+	off := idx * mrEntrySize
+	for range 1000 {
+		s1 := atomic.LoadUint32(word32(t, off+mrSeq))
+		if s1&1 != 0 {
+			continue
+		}
+		e := mrEntry{
+			key:      atomic.LoadUint32(word32(t, off+mrKey)),
+			pd:       atomic.LoadUint32(word32(t, off+mrPD)),
+			access:   transport.Access(atomic.LoadUint32(word32(t, off+mrAccess))),
+			addr:     atomic.LoadUint64(word64(t, off+mrAddr)),
+			length:   atomic.LoadUint64(word64(t, off+mrLen)),
+			memfdID:  atomic.LoadUint64(word64(t, off+mrMemfdID)),
+			memfdOff: atomic.LoadUint64(word64(t, off+mrMemfdOff)),
+		}
+		if atomic.LoadUint32(word32(t, off+mrSeq)) != s1 {
+			continue
+		}
+		return e, e.key == key
+	}
+	return mrEntry{}, false
+}
+
+func (t mrTable) store(idx int, e mrEntry) {
+	off := idx * mrEntrySize
+	seq := word32(t, off+mrSeq)
+	atomic.AddUint32(seq, 1)
+	atomic.StoreUint32(word32(t, off+mrKey), e.key)
+	atomic.StoreUint32(word32(t, off+mrPD), e.pd)
+	atomic.StoreUint32(word32(t, off+mrAccess), uint32(e.access))
+	atomic.StoreUint64(word64(t, off+mrAddr), e.addr)
+	atomic.StoreUint64(word64(t, off+mrLen), e.length)
+	atomic.StoreUint64(word64(t, off+mrMemfdID), e.memfdID)
+	atomic.StoreUint64(word64(t, off+mrMemfdOff), e.memfdOff)
+	atomic.AddUint32(seq, 1)
+}
+
+// mrTableOwner is a device's own table plus the Go-side state behind it.
+type mrTableOwner struct {
+	seg *segment
+
+	mu     sync.Mutex
+	closed bool
+	free   []uint32
+	next   uint32
+	gen    [mrEntries]uint8
+	// local resolves an lkey on the requester's own side without touching
+	// shared memory a peer could scribble on.
+	local [mrEntries]atomic.Pointer[mr]
+}
+
+func newMRTable() (*mrTableOwner, error) {
+	seg, err := newSegment("rdmagrpc-shm-mrtable", mrTableSize)
+	if err != nil {
+		return nil, fmt.Errorf("MR table: %w", err)
+	}
+	return &mrTableOwner{seg: seg}, nil
+}
+
+// close releases the table; peers keep their own mappings of it.
+func (t *mrTableOwner) close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	return t.seg.close()
+}
+
+func (t *mrTableOwner) dupFD() (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return -1, errors.New("shm: device closed")
+	}
+	fd, err := t.seg.dupFD()
+	if err != nil {
+		return -1, fmt.Errorf("shm: dup MR table for peer: %w", err)
+	}
+	return fd, nil
+}
+
+func (t *mrTableOwner) table() mrTable { return mrTable(t.seg.mem) }
+
+// lookupLocal returns the live MR for key.
+func (t *mrTableOwner) lookupLocal(key uint32) *mr {
+	idx := key >> 8
+	if idx >= mrEntries {
+		return nil
+	}
+	m := t.local[idx].Load()
+	if m == nil || m.key != key || m.dead.Load() {
+		return nil
+	}
+	return m
+}
+
+func (t *mrTableOwner) insert(m *mr) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	var idx uint32
+	switch {
+	case len(t.free) > 0:
+		idx = t.free[len(t.free)-1]
+		t.free = t.free[:len(t.free)-1]
+	case t.next < mrEntries:
+		idx = t.next
+		t.next++
+	default:
+		return false
+	}
+	t.gen[idx]++
+	if t.gen[idx] == 0 {
+		t.gen[idx] = 1
+	}
+	m.key = idx<<8 | uint32(t.gen[idx])
+	t.local[idx].Store(m)
+	t.table().store(int(idx), mrEntry{
+		key: m.key, pd: m.pd.id, access: m.access, addr: m.addr,
+		length: uint64(len(m.mem)), memfdID: m.alloc.id, memfdOff: uint64(m.addr - uint64(m.alloc.base)),
+	})
+	return true
+}
+
+func (t *mrTableOwner) remove(m *mr) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	idx := m.key >> 8
+	if !t.closed {
+		t.table().store(int(idx), mrEntry{})
+	}
+	t.local[idx].Store(nil)
+	t.free = append(t.free, idx)
+}
+
+type pd struct {
+	dev    *device
+	id     uint32
+	mrs    atomic.Int64
+	closed atomic.Bool
+}
+
+// pdRegistry lets the uprobe-friendly registration functions, which take
+// only integers, find their PD.
+type pdReg struct {
+	sync.RWMutex
+	m map[uint32]*pd
+}
+
+var pdRegistry = &pdReg{m: map[uint32]*pd{}}
+
+func (r *pdReg) add(p *pd) {
+	r.Lock()
+	r.m[p.id] = p
+	r.Unlock()
+}
+
+func lookupPD(id uint32) *pd {
+	pdRegistry.RLock()
+	defer pdRegistry.RUnlock()
+	return pdRegistry.m[id]
+}
+
+func (p *pd) Close() error {
+	if n := p.mrs.Load(); n > 0 {
+		return fmt.Errorf("shm: close PD %d: %d memory regions still registered: %w", p.id, n, unix.EBUSY)
+	}
+	if p.closed.Swap(true) {
+		return nil
+	}
+	pdRegistry.Lock()
+	delete(pdRegistry.m, p.id)
+	pdRegistry.Unlock()
+	return nil
+}
+
+func (p *pd) RegMR(mem []byte, access transport.Access) (transport.MR, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("shm: register MR: empty buffer: %w", unix.EINVAL)
+	}
+	addr := uint64(addrOf(mem))
+	key, errno := regMR(addr, uint64(len(mem)), uint32(access), p.id)
+	if errno != 0 {
+		err := unix.Errno(errno)
+		switch err {
+		case unix.EFAULT:
+			return nil, fmt.Errorf("shm: register MR at %#x+%d: memory does not come from Device.AllocMemory (the shm provider can only share memfd-backed memory): %w", addr, len(mem), err)
+		case unix.ENOMEM:
+			return nil, fmt.Errorf("shm: register MR: table of %d regions is full: %w", mrEntries, err)
+		default:
+			return nil, fmt.Errorf("shm: register MR at %#x+%d access %#x: %w", addr, len(mem), access, err)
+		}
+	}
+	m := p.dev.mrs.lookupLocal(key)
+	if m == nil {
+		return nil, fmt.Errorf("shm: register MR: key %#x vanished (concurrent deregistration)", key)
+	}
+	return m, nil
+}
+
+// regMR registers [addr, addr+length) in PD pdID and returns its key, or an
+// errno. It is the one place every registration goes through and takes and
+// returns plain integers so that an eBPF uprobe on its entry and RET
+// instructions can measure registration cost (cmd/rdmatrace). Keep it
+// non-inlined and keep the signature.
+//
+//go:noinline
+func regMR(addr, length uint64, access uint32, pdID uint32) (key uint32, errno int32) {
+	p := lookupPD(pdID)
+	if p == nil || p.closed.Load() {
+		return 0, int32(unix.EINVAL)
+	}
+	acc := transport.Access(access)
+	if acc&^(transport.AccessLocalWrite|transport.AccessRemoteWrite|transport.AccessRemoteRead) != 0 {
+		return 0, int32(unix.EINVAL)
+	}
+	// As in verbs: remote write needs local write.
+	if acc&transport.AccessRemoteWrite != 0 && acc&transport.AccessLocalWrite == 0 {
+		return 0, int32(unix.EINVAL)
+	}
+	if length == 0 || length > deviceAttr.MaxMRSize {
+		return 0, int32(unix.EINVAL)
+	}
+	a := acquireAlloc(uintptr(addr), int(length))
+	if a == nil {
+		return 0, int32(unix.EFAULT)
+	}
+	off := uintptr(addr) - a.base
+	m := &mr{pd: p, access: acc, addr: addr, mem: a.mem[off : off+uintptr(length) : off+uintptr(length)], alloc: a}
+	if !p.dev.mrs.insert(m) {
+		a.mrs.Add(-1)
+		return 0, int32(unix.ENOMEM)
+	}
+	p.mrs.Add(1)
+	return m.key, 0
+}
+
+// deregMR invalidates key at once (later remote accesses fail with a
+// remote access error). Same uprobe contract as regMR.
+//
+//go:noinline
+func deregMR(addr, length uint64, key uint32, pdID uint32) (errno int32) {
+	p := lookupPD(pdID)
+	if p == nil {
+		return int32(unix.EINVAL)
+	}
+	m := p.dev.mrs.lookupLocal(key)
+	if m == nil || m.pd != p || m.addr != addr || uint64(len(m.mem)) != length {
+		return int32(unix.EINVAL)
+	}
+	if m.dead.Swap(true) {
+		return int32(unix.EINVAL)
+	}
+	p.dev.mrs.remove(m)
+	p.mrs.Add(-1)
+	m.alloc.mrs.Add(-1)
+	return 0
+}
+
+type mr struct {
+	pd     *pd
+	key    uint32
+	access transport.Access
+	addr   uint64
+	mem    []byte
+	alloc  *allocation
+	dead   atomic.Bool
+}
+
+func (m *mr) Addr() uint64             { return m.addr }
+func (m *mr) Len() int                 { return len(m.mem) }
+func (m *mr) LKey() uint32             { return m.key }
+func (m *mr) RKey() uint32             { return m.key }
+func (m *mr) Access() transport.Access { return m.access }
+func (m *mr) Bytes() []byte            { return m.mem }
+
+func (m *mr) Dereg() error {
+	if m.dead.Load() {
+		return errors.New("shm: dereg MR: already deregistered")
+	}
+	if errno := deregMR(m.addr, uint64(len(m.mem)), m.key, m.pd.id); errno != 0 {
+		return fmt.Errorf("shm: dereg MR key %#x: %w", m.key, unix.Errno(errno))
+	}
+	return nil
+}
+
+// slice returns the bytes [addr, addr+n) of a local MR if they are inside it.
+func (m *mr) slice(addr uint64, n uint32) ([]byte, bool) {
+	if addr < m.addr || addr-m.addr > uint64(len(m.mem)) || uint64(n) > uint64(len(m.mem))-(addr-m.addr) {
+		return nil, false
+	}
+	off := addr - m.addr
+	return m.mem[off : off+uint64(n)], true
+}

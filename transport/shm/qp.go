@@ -1,0 +1,394 @@
+package shm
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+var qpNums atomic.Uint32
+
+// qp is an RC queue pair. Lock order: sendMu → cq.mu → recvMu.
+type qp struct {
+	dev  *device
+	pd   *pd
+	num  uint32
+	cfg  transport.QPConfig
+	scq  *cq
+	rcq  *cq
+	seg  *segment
+	ring ring // our receive queue and state word, shared with the peer
+
+	// Owner side of the receive ring.
+	recvMu    sync.Mutex
+	rqPosted  uint64
+	rqPolled  uint64
+	rqIDs     []uint64
+	ownFlush  []bool // slots this side claimed in order to flush them
+	recvGone  bool   // Close drained the ring
+	sqRetired atomic.Uint64
+
+	// Send side: the requester engine (datapath.go).
+	sendMu   sync.Mutex
+	sq       []*sendOp // accepted, not yet executed (waiting behind RNR/retry)
+	sqPosted uint64
+	timer    *time.Timer
+	scratchL [][]byte
+	scratchR [][]byte
+	sgeBuf   []transport.SGE
+	memReqID uint64
+
+	peer     *peer // set before start, then read-only (its maps: sendMu)
+	conn     *net.UnixConn
+	local    net.Addr
+	remote   net.Addr
+	peerPriv []byte
+
+	memRep   chan memReply
+	kickCh   chan struct{}
+	quit     chan struct{}
+	hup      chan struct{} // closed when the peer is gone
+	disc     chan struct{} // Disconnected()
+	peerGone atomic.Bool
+	discing  atomic.Bool
+	started  bool
+	closed   sync.Once
+	wg       sync.WaitGroup
+}
+
+type memReply struct {
+	req uint64
+	fd  int
+}
+
+func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
+	p, ok := cfg.PD.(*pd)
+	if !ok || p == nil || p.dev != d {
+		return nil, fmt.Errorf("shm: create QP: PD is not from this shm device: %w", transport.ErrInvalidWR)
+	}
+	scq, ok1 := cfg.SendCQ.(*cq)
+	rcq, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 || scq == nil || rcq == nil {
+		return nil, fmt.Errorf("shm: create QP: CQs are not from the shm provider: %w", transport.ErrInvalidWR)
+	}
+	a := deviceAttr
+	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > a.MaxQPWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > a.MaxQPWR ||
+		cfg.MaxSendSGE < 0 || cfg.MaxSendSGE > a.MaxSGE || cfg.MaxRecvSGE < 0 || cfg.MaxRecvSGE > a.MaxSGE ||
+		cfg.MaxInline < 0 || cfg.MaxInline > a.MaxInline || cfg.RNRRetry < 0 || cfg.RNRRetry > 7 ||
+		cfg.RetryCount < 0 || cfg.RetryCount > 7 {
+		return nil, fmt.Errorf("shm: create QP: attributes out of range (device limits %+v): %+v: %w", a, cfg, transport.ErrInvalidWR)
+	}
+	seg, err := newSegment("rdmagrpc-shm-qp", qpSegSize(cfg.MaxRecvWR, cfg.MaxRecvSGE))
+	if err != nil {
+		return nil, fmt.Errorf("shm: create QP: %w", err)
+	}
+	q := &qp{
+		dev:      d,
+		pd:       p,
+		num:      qpNums.Add(1),
+		cfg:      cfg,
+		scq:      scq,
+		rcq:      rcq,
+		seg:      seg,
+		ring:     newRing(seg.mem, cfg.MaxRecvWR, cfg.MaxRecvSGE),
+		rqIDs:    make([]uint64, max(cfg.MaxRecvWR, 1)),
+		ownFlush: make([]bool, max(cfg.MaxRecvWR, 1)),
+		timer:    time.NewTimer(time.Hour),
+		memRep:   make(chan memReply, 1),
+		kickCh:   make(chan struct{}, 1),
+		quit:     make(chan struct{}),
+		hup:      make(chan struct{}),
+		disc:     make(chan struct{}),
+	}
+	q.timer.Stop()
+	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
+	scq.attach(q, false)
+	rcq.attach(q, true)
+	return q, nil
+}
+
+func (q *qp) info(addr net.Addr, private []byte) *qpInfo {
+	return &qpInfo{
+		num: q.num, pd: q.pd.id, recvCap: uint32(q.cfg.MaxRecvWR), recvSGE: uint32(q.cfg.MaxRecvSGE),
+		cqCap: uint32(q.rcq.cap), addr: addrPort(addr), private: private,
+	}
+}
+
+// shareFDs returns dups of the fds the peer maps (MR table, QP segment,
+// receive CQ header and eventfd); the caller closes them after sending.
+func (q *qp) shareFDs() ([]int, error) {
+	mrt, err := q.dev.mrs.dupFD()
+	if err != nil {
+		return nil, err
+	}
+	seg, err := q.seg.dupFD()
+	if err != nil {
+		closeFDs([]int{mrt})
+		return nil, fmt.Errorf("shm: dup QP segment for peer: %w", err)
+	}
+	cqh, efd, err := q.rcq.dupFDs()
+	if err != nil {
+		closeFDs([]int{mrt, seg})
+		return nil, err
+	}
+	return []int{mrt, seg, cqh, efd}, nil
+}
+
+// start runs the connection's reader and the requester's retry worker.
+func (q *qp) start(conn *net.UnixConn, p *peer, local, remote net.Addr, peerPriv []byte) {
+	q.conn, q.peer, q.local, q.remote, q.peerPriv = conn, p, local, remote, peerPriv
+	q.started = true
+	q.wg.Add(2)
+	go q.reader()
+	go q.worker()
+}
+
+func (q *qp) Num() uint32                   { return q.num }
+func (q *qp) State() transport.QPState      { return q.ring.state() }
+func (q *qp) LocalAddr() net.Addr           { return q.local }
+func (q *qp) RemoteAddr() net.Addr          { return q.remote }
+func (q *qp) PeerPrivate() []byte           { return q.peerPriv }
+func (q *qp) Disconnected() <-chan struct{} { return q.disc }
+func (q *qp) kick()                         { sendKick(q.kickCh) }
+func sendKick(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (q *qp) retireSend(idx uint64) {
+	for {
+		old := q.sqRetired.Load()
+		if idx+1 <= old || q.sqRetired.CompareAndSwap(old, idx+1) {
+			return
+		}
+	}
+}
+
+func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
+	q.recvMu.Lock()
+	n := 0
+	var err error
+	for _, wr := range wrs {
+		if q.recvGone {
+			err = fmt.Errorf("shm: post recv on QP %d: QP destroyed: %w", q.num, transport.ErrQPState)
+			break
+		}
+		if len(wr.SG) > q.cfg.MaxRecvSGE {
+			err = fmt.Errorf("shm: post recv on QP %d: %d SGEs, max %d: %w", q.num, len(wr.SG), q.cfg.MaxRecvSGE, transport.ErrInvalidWR)
+			break
+		}
+		if q.rqPosted-q.rqPolled >= q.ring.cap {
+			err = fmt.Errorf("shm: post recv on QP %d: %d receives outstanding: %w", q.num, q.ring.cap, transport.ErrQueueFull)
+			break
+		}
+		i := q.rqPosted
+		q.rqIDs[i%q.ring.cap] = wr.ID
+		q.ring.post(i, wr.SG)
+		q.rqPosted++
+		n++
+	}
+	flushed := q.claimForFlushLocked()
+	q.recvMu.Unlock()
+	if flushed {
+		q.rcq.wake()
+	}
+	return n, err
+}
+
+// claimForFlushLocked claims, once the QP is in ERROR, every posted
+// receive the peer has not taken, so that Poll reports them flushed.
+func (q *qp) claimForFlushLocked() bool {
+	if q.ring.state() != transport.QPSErr {
+		return false
+	}
+	for {
+		c, p := q.ring.claimed(), q.rqPosted
+		if c >= p {
+			return false
+		}
+		if q.ring.casClaimed(c, p) {
+			for i := c; i < p; i++ {
+				q.ownFlush[i%q.ring.cap] = true
+			}
+			return true
+		}
+	}
+}
+
+// pollRecv moves completed receives into wc (called with the CQ locked)
+// and returns how many, and how many of them the peer had counted in the
+// CQ header (flushes are produced here and were never counted).
+func (q *qp) pollRecv(wc []transport.WorkCompletion) (n, counted int) {
+	q.recvMu.Lock()
+	defer q.recvMu.Unlock()
+	if q.recvGone {
+		return 0, 0
+	}
+	q.claimForFlushLocked()
+	gone := q.peerGone.Load()
+	for n < len(wc) && q.rqPolled < q.rqPosted {
+		i := q.rqPolled
+		s := i % q.ring.cap
+		w := &wc[n]
+		*w = transport.WorkCompletion{}
+		if q.ring.completed(i, w) {
+			counted++
+		} else if q.ownFlush[s] || (gone && i < q.ring.claimed()) {
+			// A slot we claimed in ERROR, or one a dead peer claimed
+			// and never completed.
+			w.Status = transport.StatusWRFlushErr
+			w.Opcode = transport.WCRecv
+		} else {
+			break // the peer is still working on slot i
+		}
+		q.ownFlush[s] = false
+		w.ID = q.rqIDs[s]
+		w.QPNum = q.num
+		q.rqPolled++
+		q.ring.setPolled(q.rqPolled)
+		n++
+	}
+	return n, counted
+}
+
+func (q *qp) SetError() error {
+	q.ring.setErr()
+	q.sendMu.Lock()
+	q.progress()
+	q.sendMu.Unlock()
+	q.scq.wake()
+	q.rcq.wake()
+	return nil
+}
+
+// worker retries work waiting for the responder (RNR, unresponsive
+// responder) and flushes the send queue when another goroutine moved the
+// QP to ERROR. It is woken only by its timer or a kick.
+func (q *qp) worker() {
+	defer q.wg.Done()
+	for {
+		select {
+		case <-q.quit:
+			return
+		case <-q.kickCh:
+		case <-q.timer.C:
+		}
+		q.sendMu.Lock()
+		q.progress()
+		q.sendMu.Unlock()
+		if q.ring.state() == transport.QPSErr {
+			q.scq.wake()
+			q.rcq.wake()
+		}
+	}
+}
+
+// hangup runs once the peer is gone (DISCONNECT received, socket closed,
+// process died): no peer work is in flight any more.
+func (q *qp) hangup() {
+	q.peerGone.Store(true)
+	q.ring.setErr()
+	close(q.hup) // releases a requester waiting for a memfd reply
+	q.sendMu.Lock()
+	q.progress()
+	q.sendMu.Unlock()
+	q.conn.Close()
+	q.scq.wake()
+	q.rcq.wake()
+	close(q.disc)
+}
+
+// Disconnect moves the QP to ERROR, tells the peer, and waits (bounded)
+// for the peer to acknowledge by closing its end.
+func (q *qp) Disconnect() error {
+	if !q.started {
+		q.ring.setErr()
+		return nil
+	}
+	if q.discing.Swap(true) {
+		<-q.disc
+		return nil
+	}
+	q.ring.setErr()
+	q.sendMu.Lock() // after this, no request of ours touches the peer
+	q.progress()
+	q.sendMu.Unlock()
+	q.scq.wake()
+	q.rcq.wake()
+	select {
+	case <-q.disc:
+		return nil
+	default:
+	}
+	writeMsg(q.conn, []byte{msgDisconnect})
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	select {
+	case <-q.disc:
+	case <-t.C:
+		q.conn.Close() // the reader sees the error and runs hangup
+		<-q.disc
+	}
+	return nil
+}
+
+func (q *qp) Close() error {
+	q.closed.Do(func() {
+		q.Disconnect()
+		close(q.quit)
+		q.wg.Wait()
+		q.sendMu.Lock()
+		q.ring.setErr()
+		q.progress()
+		if q.peer != nil {
+			q.peer.unmap()
+		}
+		q.sendMu.Unlock()
+		q.peerGone.Store(true)
+		q.drainRecv()
+		q.scq.detach(q, false)
+		q.rcq.detach(q, true)
+		q.seg.close()
+	})
+	return nil
+}
+
+// drainRecv moves the receive completions nobody polled yet, including
+// flushes, into the CQ's local queue: destroying a QP does not remove its
+// completions from the CQ in verbs.
+func (q *qp) drainRecv() {
+	c := q.rcq
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, r := range c.rings {
+		if r == q {
+			c.rings = append(c.rings[:i], c.rings[i+1:]...)
+			break
+		}
+	}
+	var buf [64]transport.WorkCompletion
+	for {
+		n, counted := q.pollRecv(buf[:])
+		if !c.closed {
+			for _, w := range buf[:n] {
+				c.local = append(c.local, cqe{wc: w})
+			}
+			// Local entries are all counted; flushes were not yet.
+			if flushes := n - counted; flushes > 0 {
+				atomic.AddUint64(word64(c.hdr, cqCount), uint64(flushes))
+			}
+		}
+		if n < len(buf) {
+			break
+		}
+	}
+	q.recvMu.Lock()
+	q.recvGone = true
+	q.recvMu.Unlock()
+}

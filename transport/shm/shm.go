@@ -1,0 +1,105 @@
+// Package shm is a software RDMA provider with the semantics of the
+// transport interface (verbs + rdma_cm) between processes of one host and
+// within one process.
+//
+// Registered memory is memfd-backed. A requester performs each work request
+// itself at post time, like a NIC acting for both sides: it checks the
+// responder's memory-region table (shared memory), copies directly into or
+// out of the responder's memfd mappings, consumes the responder's posted
+// receives from a shared ring and writes the receive completion there. The
+// unix socket of a connection carries only set-up, memfd hand-over, error
+// notes and disconnect, and its hang-up is how a vanished peer is noticed.
+package shm
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// ProviderName is the name the provider registers under.
+const ProviderName = "shm"
+
+func init() { transport.Register(provider{}) }
+
+type provider struct{}
+
+func (provider) Name() string { return ProviderName }
+
+func (provider) Open(name string) (transport.Device, error) {
+	if name == "" {
+		name = "shm0"
+	}
+	return openDevice(name)
+}
+
+// Device limits. They are generous software limits chosen to resemble a
+// real HCA so that code tuned here does not break on hardware.
+var deviceAttr = transport.DeviceAttr{
+	MaxQPWR:     16384,
+	MaxSGE:      32,
+	MaxCQE:      1 << 20,
+	MaxInline:   512,
+	MaxMRSize:   1 << 40,
+	MaxQPRdAtom: 16,
+}
+
+type device struct {
+	name string
+	mrs  *mrTableOwner
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var pdIDs atomic.Uint32
+
+func openDevice(name string) (*device, error) {
+	t, err := newMRTable()
+	if err != nil {
+		return nil, fmt.Errorf("shm: open device %s: %w", name, err)
+	}
+	return &device{name: name, mrs: t}, nil
+}
+
+func (d *device) Name() string               { return d.name }
+func (d *device) Provider() string           { return ProviderName }
+func (d *device) Attr() transport.DeviceAttr { return deviceAttr }
+
+func (d *device) AllocMemory(size int) ([]byte, error) { return allocMemory(size) }
+func (d *device) FreeMemory(mem []byte) error          { return freeMemory(mem) }
+
+func (d *device) AllocPD() (transport.PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("shm: alloc PD: device %s closed", d.name)
+	}
+	p := &pd{dev: d, id: pdIDs.Add(1)}
+	pdRegistry.add(p)
+	return p, nil
+}
+
+func (d *device) CreateCQ(entries int) (transport.CQ, error) {
+	if entries <= 0 || entries > deviceAttr.MaxCQE {
+		return nil, fmt.Errorf("shm: create CQ of %d entries: %w (1..%d)", entries, transport.ErrInvalidWR, deviceAttr.MaxCQE)
+	}
+	return newCQ(entries)
+}
+
+// Close releases the device's MR table. MRs and QPs should be closed first,
+// as with ibv_close_device; peers keep their own mapping of the table.
+func (d *device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	if err := d.mrs.close(); err != nil {
+		return fmt.Errorf("shm: close device %s: %w", d.name, err)
+	}
+	return nil
+}

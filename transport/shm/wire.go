@@ -1,0 +1,136 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+)
+
+// Messages on a connection's unix socket (SOCK_SEQPACKET, so each read is
+// one message). The data path never uses it.
+const (
+	msgConnect    = 1 // qpInfo + fds: MR table, QP segment, recv CQ header, recv CQ eventfd
+	msgAccept     = 2 // same
+	msgReject     = 3 // private data
+	msgReady      = 4 // the connecting side has mapped everything (RTU)
+	msgMemReq     = 5 // req id, memfd id, rkey
+	msgMemRep     = 6 // req id, ok; fd when ok
+	msgErrNote    = 7 // "I moved your QP (or your CQ) to ERROR", wake up
+	msgDisconnect = 8
+
+	wireVersion = 1
+	maxMsg      = 256
+	infoFDs     = 4
+)
+
+var errShortMsg = errors.New("shm: short or malformed control message")
+
+// qpInfo is what each side tells the other about its QP at set-up.
+type qpInfo struct {
+	num, pd          uint32
+	recvCap, recvSGE uint32
+	cqCap            uint32
+	addr             netip.AddrPort
+	private          []byte
+}
+
+func (m *qpInfo) encode(typ byte) []byte {
+	b := []byte{typ, wireVersion}
+	b = binary.LittleEndian.AppendUint32(b, m.num)
+	b = binary.LittleEndian.AppendUint32(b, m.pd)
+	b = binary.LittleEndian.AppendUint32(b, m.recvCap)
+	b = binary.LittleEndian.AppendUint32(b, m.recvSGE)
+	b = binary.LittleEndian.AppendUint32(b, m.cqCap)
+	ip := m.addr.Addr().As16()
+	b = append(b, ip[:]...)
+	b = binary.LittleEndian.AppendUint16(b, m.addr.Port())
+	b = append(b, byte(len(m.private)))
+	return append(b, m.private...)
+}
+
+func decodeInfo(b []byte) (qpInfo, error) {
+	const fixed = 2 + 5*4 + 16 + 2 + 1
+	if len(b) < fixed || b[1] != wireVersion {
+		return qpInfo{}, errShortMsg
+	}
+	le := binary.LittleEndian
+	m := qpInfo{
+		num:     le.Uint32(b[2:]),
+		pd:      le.Uint32(b[6:]),
+		recvCap: le.Uint32(b[10:]),
+		recvSGE: le.Uint32(b[14:]),
+		cqCap:   le.Uint32(b[18:]),
+	}
+	ip := netip.AddrFrom16([16]byte(b[22:38])).Unmap()
+	m.addr = netip.AddrPortFrom(ip, le.Uint16(b[38:]))
+	n := int(b[40])
+	if len(b) < fixed+n || n > maxPrivate {
+		return qpInfo{}, errShortMsg
+	}
+	m.private = append([]byte(nil), b[fixed:fixed+n]...)
+	if m.recvCap > uint32(deviceAttr.MaxQPWR) || m.recvSGE > uint32(deviceAttr.MaxSGE) || m.cqCap == 0 || m.cqCap > uint32(deviceAttr.MaxCQE) {
+		return qpInfo{}, fmt.Errorf("shm: peer announced impossible QP limits (recv %d×%d SGE, CQ %d)", m.recvCap, m.recvSGE, m.cqCap)
+	}
+	return m, nil
+}
+
+// readMsg reads one message and the fds that came with it.
+func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	var fds []int
+	if oobn > 0 {
+		if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+			for _, cm := range cmsgs {
+				if f, rerr := unix.ParseUnixRights(&cm); rerr == nil {
+					fds = append(fds, f...)
+				}
+			}
+		}
+	}
+	if err == nil && n == 0 {
+		err = io.EOF
+	}
+	if err != nil {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	return buf[:n], fds, nil
+}
+
+func writeMsg(c *net.UnixConn, b []byte, fds ...int) error {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err := c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+func encodeMemReq(req, id uint64, key uint32) []byte {
+	b := []byte{msgMemReq}
+	b = binary.LittleEndian.AppendUint64(b, req)
+	b = binary.LittleEndian.AppendUint64(b, id)
+	return binary.LittleEndian.AppendUint32(b, key)
+}
+
+func encodeMemRep(req uint64, ok bool) []byte {
+	b := []byte{msgMemRep}
+	b = binary.LittleEndian.AppendUint64(b, req)
+	if ok {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
