@@ -1,0 +1,147 @@
+package verbs
+
+// #include "shim.h"
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// port is the HCA port used; rdma_cm picks it per id, but attributes and
+// the GID lookup of tests use port 1, the only port of rxe and most NICs.
+const port = 1
+
+type device struct {
+	name string
+	list **C.struct_ibv_context // from rdma_get_devices; freed on Close
+	ctx  *C.struct_ibv_context
+	attr transport.DeviceAttr
+	// initDepth and respRes are the RDMA READ depths offered in the CM
+	// handshake (outgoing reads in flight, incoming reads served).
+	initDepth, respRes uint8
+
+	cm    *cmChannel
+	async *asyncReader
+	mem   memRegistry
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context) (*device, error) {
+	d := &device{name: C.GoString(C.shim_dev_name(ctx)), list: list, ctx: ctx}
+	var a C.struct_shim_dev_attr
+	if rc := C.shim_query_device(ctx, &a); rc != 0 {
+		return nil, fmt.Errorf("verbs: %s: %w", d.name, opErr("ibv_query_device", rc))
+	}
+	var p C.struct_shim_port
+	if rc := C.shim_query_port(ctx, port, &p); rc != 0 {
+		return nil, fmt.Errorf("verbs: %s: %w", d.name, opErr("ibv_query_port", rc))
+	}
+	if p.state != C.IBV_PORT_ACTIVE {
+		return nil, unavailable("port %d of %s is %s, not ACTIVE (link down, or Soft-RoCE netdev down)",
+			port, d.name, C.GoString(C.ibv_port_state_str(uint32(p.state))))
+	}
+	d.attr = transport.DeviceAttr{
+		MaxQPWR:     int(a.max_qp_wr),
+		MaxSGE:      int(a.max_sge),
+		MaxCQE:      int(a.max_cqe),
+		MaxInline:   int(C.shim_probe_inline(ctx)),
+		MaxMRSize:   uint64(a.max_mr_size),
+		MaxQPRdAtom: int(a.max_qp_rd_atom),
+	}
+	d.initDepth = uint8(min(int(a.max_qp_init_rd_atom), maxRdAtomic))
+	d.respRes = uint8(min(int(a.max_qp_rd_atom), maxRdAtomic))
+	var err error
+	if d.async, err = acquireAsync(ctx); err != nil {
+		return nil, err
+	}
+	if d.cm, err = newCMChannel(); err != nil {
+		d.async.release()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *device) Name() string                      { return d.name }
+func (d *device) Provider() string                  { return Name }
+func (d *device) Attr() transport.DeviceAttr        { return d.attr }
+func (d *device) AllocMemory(n int) ([]byte, error) { return d.mem.alloc(n) }
+func (d *device) FreeMemory(m []byte) error         { return d.mem.free(m) }
+
+func (d *device) checkOpen() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("verbs: device %s: %w", d.name, net.ErrClosed)
+	}
+	return nil
+}
+
+func (d *device) AllocPD() (transport.PD, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	p, err := C.ibv_alloc_pd(d.ctx)
+	if p == nil {
+		return nil, fmt.Errorf("verbs: ibv_alloc_pd on %s: %w", d.name, errnoNow(err))
+	}
+	return &pd{dev: d, pd: p}, nil
+}
+
+func (d *device) CreateCQ(entries int) (transport.CQ, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return newCQ(d, entries)
+}
+
+func (d *device) Listen(addr string) (transport.Listener, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return newListener(d, addr)
+}
+
+func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	return connect(ctx, d, addr, cfg, private)
+}
+
+// Close closes every listener and QP still open on the device, stops its
+// event goroutine and releases the verbs context. PDs, MRs, CQs and
+// memory should be closed first; any left are reported, not leaked
+// silently.
+func (d *device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+
+	var errs []error
+	for _, c := range d.cm.endpoints() {
+		if err := c.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := d.cm.close(); err != nil {
+		errs = append(errs, err)
+	}
+	d.async.release()
+	if n := d.mem.live(); n > 0 {
+		errs = append(errs, fmt.Errorf("verbs: device %s closed with %d memory allocations not freed", d.name, n))
+	}
+	C.rdma_free_devices(d.list)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,463 @@
+package verbs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// openOrSkip opens the default RDMA device, or skips the test naming what
+// is missing. These tests run for real inside the Soft-RoCE guest
+// (tests/rxe).
+func openOrSkip(t *testing.T) transport.Device {
+	t.Helper()
+	p, err := transport.Get(Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := p.Open(os.Getenv("RDMAGRPC_VERBS_DEVICE"))
+	if errors.Is(err, transport.ErrUnavailable) {
+		t.Skipf("no usable RDMA device, skipping (run inside the tests/rxe guest): %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil {
+			t.Errorf("Device.Close: %v", err)
+		}
+	})
+	return d
+}
+
+// hostIP is the address the tests listen on and connect to.
+func hostIP(t *testing.T, d transport.Device) string {
+	t.Helper()
+	for _, env := range []string{"RDMAGRPC_VERBS_ADDR", "RXE_ADDR"} { // RXE_ADDR: set by tests/rxe
+		if a := os.Getenv(env); a != "" {
+			return a
+		}
+	}
+	ip, ok := IPv4(d)
+	if !ok {
+		t.Skip("device has no IPv4 GID; set RDMAGRPC_VERBS_ADDR")
+	}
+	return ip.String()
+}
+
+// side is one end of a test connection with its resources.
+type side struct {
+	t      *testing.T
+	dev    transport.Device
+	pd     transport.PD
+	cq     transport.CQ
+	mem    []byte
+	mr     transport.MR
+	qp     transport.QP
+	access transport.Access
+}
+
+func newSide(t *testing.T, d transport.Device, access transport.Access) *side {
+	t.Helper()
+	s := &side{t: t, dev: d, access: access}
+	var err error
+	if s.pd, err = d.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if s.cq, err = d.CreateCQ(64); err != nil {
+		t.Fatal(err)
+	}
+	if s.mem, err = d.AllocMemory(1 << 16); err != nil {
+		t.Fatal(err)
+	}
+	if s.mr, err = s.pd.RegMR(s.mem, access); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.close)
+	return s
+}
+
+func (s *side) cfg() transport.QPConfig {
+	return transport.QPConfig{PD: s.pd, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 16, MaxRecvWR: 16,
+		MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}
+}
+
+func (s *side) close() {
+	t := s.t
+	if s.qp != nil {
+		if err := s.qp.Close(); err != nil {
+			t.Errorf("QP.Close: %v", err)
+		}
+	}
+	if err := s.mr.Dereg(); err != nil {
+		t.Errorf("Dereg: %v", err)
+	}
+	if err := s.dev.FreeMemory(s.mem); err != nil {
+		t.Errorf("FreeMemory: %v", err)
+	}
+	if err := s.cq.Close(); err != nil {
+		t.Errorf("CQ.Close: %v", err)
+	}
+	if err := s.pd.Close(); err != nil {
+		t.Errorf("PD.Close: %v", err)
+	}
+}
+
+func (s *side) sge(off, n int) []transport.SGE {
+	return []transport.SGE{{Addr: s.mr.Addr() + uint64(off), Length: uint32(n), LKey: s.mr.LKey()}}
+}
+
+// next returns the next completion, sleeping on the completion channel.
+func (s *side) next(ctx context.Context) transport.WorkCompletion {
+	s.t.Helper()
+	var wc [1]transport.WorkCompletion
+	for {
+		n, err := s.cq.Poll(wc[:])
+		if err != nil {
+			s.t.Fatalf("Poll: %v", err)
+		}
+		if n == 1 {
+			return wc[0]
+		}
+		if err := s.cq.ReqNotify(); err != nil {
+			s.t.Fatalf("ReqNotify: %v", err)
+		}
+		if n, _ = s.cq.Poll(wc[:]); n == 1 {
+			return wc[0]
+		}
+		if err := s.cq.Wait(ctx); err != nil {
+			s.t.Fatalf("Wait: %v", err)
+		}
+	}
+}
+
+// pair connects a client and a server on d and returns both sides.
+func pair(t *testing.T, d transport.Device, cliPriv, srvPriv []byte) (cli, srv *side) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	all := transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead
+	cli, srv = newSide(t, d, all), newSide(t, d, all)
+	l, err := d.Listen(net.JoinHostPort(hostIP(t, d), "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	type res struct {
+		qp  transport.QP
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		req, err := l.Accept(ctx)
+		if err != nil {
+			done <- res{nil, err}
+			return
+		}
+		if !bytes.HasPrefix(req.PeerPrivate(), cliPriv) {
+			req.Reject(nil)
+			done <- res{nil, errors.New("bad connect private data")}
+			return
+		}
+		qp, err := req.Accept(ctx, srv.cfg(), srvPriv)
+		done <- res{qp, err}
+	}()
+	cli.qp, err = d.Connect(ctx, l.Addr().String(), cli.cfg(), cliPriv)
+	if err != nil {
+		t.Fatalf("Connect: %v", err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("server side: %v", r.err)
+	}
+	srv.qp = r.qp
+	return cli, srv
+}
+
+func TestVerbsSendRecvPrivateData(t *testing.T) {
+	d := openOrSkip(t)
+	cliPriv, srvPriv := []byte("hello from client"), []byte("welcome")
+	cli, srv := pair(t, d, cliPriv, srvPriv)
+	t.Logf("device %s attr %+v; client %v→%v QP %d, server QP %d", d.Name(), d.Attr(),
+		cli.qp.LocalAddr(), cli.qp.RemoteAddr(), cli.qp.Num(), srv.qp.Num())
+
+	// rdma_cm pads private data to the CM message size.
+	if p := cli.qp.PeerPrivate(); !bytes.HasPrefix(p, srvPriv) || !allZero(p[len(srvPriv):]) {
+		t.Errorf("client sees accept private data %q", p)
+	}
+	if p := srv.qp.PeerPrivate(); !bytes.HasPrefix(p, cliPriv) || !allZero(p[len(cliPriv):]) {
+		t.Errorf("server sees connect private data %q", p)
+	}
+	t.Logf("private data lengths seen: connect %d, accept %d", len(srv.qp.PeerPrivate()), len(cli.qp.PeerPrivate()))
+	if s := cli.qp.State(); s != transport.QPSRTS {
+		t.Errorf("client QP state %v", s)
+	}
+	if got, want := srv.qp.RemoteAddr().String(), cli.qp.LocalAddr().String(); got != want {
+		t.Errorf("server RemoteAddr %s, client LocalAddr %s", got, want)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := srv.qp.PostRecv(transport.RecvWR{ID: 7, SG: srv.sge(0, 4096)}); err != nil {
+		t.Fatal(err)
+	}
+	msg := []byte("a message over Soft-RoCE")
+	copy(cli.mem, msg)
+	if _, err := cli.qp.PostSend(transport.SendWR{ID: 1, Opcode: transport.OpSendWithImm, SG: cli.sge(0, len(msg)),
+		Imm: 0x01020304, Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := cli.next(ctx); wc.Err() != nil || wc.ID != 1 || wc.Opcode != transport.WCSend {
+		t.Fatalf("send completion %+v (%v)", wc, wc.Err())
+	}
+	wc := srv.next(ctx)
+	if wc.Err() != nil || wc.ID != 7 || wc.Opcode != transport.WCRecv || wc.ByteLen != uint32(len(msg)) ||
+		!wc.HasImm || wc.Imm != 0x01020304 || wc.QPNum != srv.qp.Num() {
+		t.Fatalf("recv completion %+v (%v)", wc, wc.Err())
+	}
+	if !bytes.Equal(srv.mem[:len(msg)], msg) {
+		t.Fatalf("received %q", srv.mem[:len(msg)])
+	}
+
+	// Inline send, unsignaled, followed by a signaled one.
+	srv.qp.PostRecv(transport.RecvWR{ID: 8, SG: srv.sge(0, 64)}, transport.RecvWR{ID: 9, SG: srv.sge(64, 64)})
+	copy(cli.mem[100:], "inline!")
+	if n, err := cli.qp.PostSend(
+		transport.SendWR{ID: 2, Opcode: transport.OpSend, SG: cli.sge(100, 7), Inline: true},
+		transport.SendWR{ID: 3, Opcode: transport.OpSend, SG: cli.sge(100, 7), Signaled: true}); n != 2 || err != nil {
+		t.Fatalf("PostSend = %d, %v", n, err)
+	}
+	if wc := cli.next(ctx); wc.ID != 3 || wc.Err() != nil {
+		t.Fatalf("expected only the signaled completion, got %+v", wc)
+	}
+	for _, id := range []uint64{8, 9} {
+		if wc := srv.next(ctx); wc.ID != id || wc.ByteLen != 7 || wc.HasImm || wc.Err() != nil {
+			t.Fatalf("recv %d: %+v", id, wc)
+		}
+	}
+}
+
+func TestVerbsWriteWithImmAndRead(t *testing.T) {
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	payload := bytes.Repeat([]byte("0123456789abcdef"), 1024) // 16 KiB
+	copy(cli.mem, payload)
+	srv.qp.PostRecv(transport.RecvWR{ID: 11}) // WRITE_WITH_IMM consumes a receive; no SGE needed
+	if _, err := cli.qp.PostSend(transport.SendWR{ID: 12, Opcode: transport.OpWriteWithImm, SG: cli.sge(0, len(payload)),
+		RemoteAddr: srv.mr.Addr() + 4096, RKey: srv.mr.RKey(), Imm: 0xdeadbeef, Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := cli.next(ctx); wc.Err() != nil || wc.Opcode != transport.WCRDMAWrite {
+		t.Fatalf("write completion %+v (%v)", wc, wc.Err())
+	}
+	wc := srv.next(ctx)
+	if wc.Err() != nil || wc.ID != 11 || wc.Opcode != transport.WCRecvRDMAWithImm || !wc.HasImm || wc.Imm != 0xdeadbeef ||
+		wc.ByteLen != uint32(len(payload)) {
+		t.Fatalf("write-with-imm receive %+v (%v)", wc, wc.Err())
+	}
+	if !bytes.Equal(srv.mem[4096:4096+len(payload)], payload) {
+		t.Fatal("written data differs")
+	}
+
+	// READ it back into another part of the client's memory, two SGEs.
+	sg := []transport.SGE{
+		{Addr: cli.mr.Addr() + 32768, Length: 1000, LKey: cli.mr.LKey()},
+		{Addr: cli.mr.Addr() + 40000, Length: uint32(len(payload) - 1000), LKey: cli.mr.LKey()},
+	}
+	if _, err := cli.qp.PostSend(transport.SendWR{ID: 13, Opcode: transport.OpRead, SG: sg,
+		RemoteAddr: srv.mr.Addr() + 4096, RKey: srv.mr.RKey(), Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := cli.next(ctx); wc.Err() != nil || wc.ID != 13 || wc.Opcode != transport.WCRDMARead || wc.ByteLen != uint32(len(payload)) {
+		t.Fatalf("read completion %+v (%v)", wc, wc.Err())
+	}
+	got := append(append([]byte{}, cli.mem[32768:32768+1000]...), cli.mem[40000:40000+len(payload)-1000]...)
+	if !bytes.Equal(got, payload) {
+		t.Fatal("read data differs")
+	}
+}
+
+func TestVerbsRemoteAccessError(t *testing.T) {
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ro, err := srv.pd.RegMR(srv.mem[:4096], transport.AccessLocalWrite|transport.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Dereg()
+	cli.qp.PostSend(transport.SendWR{ID: 21, Opcode: transport.OpWrite, SG: cli.sge(0, 8),
+		RemoteAddr: ro.Addr(), RKey: ro.RKey(), Signaled: true})
+	wc := cli.next(ctx)
+	if wc.Status != transport.StatusRemAccessErr {
+		t.Fatalf("write to read-only MR: %+v, want %v", wc, transport.StatusRemAccessErr)
+	}
+	var ce *transport.CompletionError
+	if !errors.As(wc.Err(), &ce) || ce.ID != 21 {
+		t.Fatalf("Err() = %v", wc.Err())
+	}
+	// The QP is in ERROR now: further work is flushed.
+	if s := cli.qp.State(); s != transport.QPSErr {
+		t.Errorf("state after remote access error: %v", s)
+	}
+	n, err := cli.qp.PostSend(transport.SendWR{ID: 22, Opcode: transport.OpSend, SG: cli.sge(0, 8), Signaled: true})
+	t.Logf("PostSend in ERROR: n=%d err=%v", n, err)
+	if err == nil {
+		wc := cli.next(ctx)
+		if wc.ID != 22 || wc.Status != transport.StatusWRFlushErr {
+			t.Fatalf("post after error: %+v", wc)
+		}
+	}
+}
+
+func TestVerbsRejectAndRefused(t *testing.T) {
+	d := openOrSkip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := newSide(t, d, transport.AccessLocalWrite)
+	host := hostIP(t, d)
+
+	l, err := d.Listen(net.JoinHostPort(host, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		req, err := l.Accept(ctx)
+		if err == nil {
+			req.Reject([]byte("go away"))
+		}
+	}()
+	_, err = d.Connect(ctx, l.Addr().String(), s.cfg(), []byte("knock"))
+	var rej *transport.RejectError
+	if !errors.As(err, &rej) {
+		t.Fatalf("Connect to rejecting listener: %v, want *transport.RejectError", err)
+	}
+	if !bytes.HasPrefix(rej.Private, []byte("go away")) || !allZero(rej.Private[7:]) {
+		t.Fatalf("reject private data %q", rej.Private)
+	}
+	t.Logf("reject private data length %d", len(rej.Private))
+	port := l.Addr().(*net.TCPAddr).Port
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Accept(ctx); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Close: %v", err)
+	}
+
+	addr := netip.AddrPortFrom(netip.MustParseAddr(host), uint16(port)).String()
+	_, err = d.Connect(ctx, addr, s.cfg(), nil)
+	if !errors.Is(err, transport.ErrConnRefused) {
+		t.Fatalf("Connect with no listener: %v, want ErrConnRefused", err)
+	}
+	t.Logf("no listener: %v", err)
+}
+
+func TestVerbsDisconnectFlushes(t *testing.T) {
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := srv.qp.PostRecv(transport.RecvWR{ID: 31, SG: srv.sge(0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.qp.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-srv.qp.Disconnected():
+	case <-ctx.Done():
+		t.Fatal("server never saw the disconnect")
+	}
+	if s := srv.qp.State(); s != transport.QPSErr {
+		t.Errorf("server QP state after peer disconnect: %v", s)
+	}
+	wc := srv.next(ctx)
+	if wc.ID != 31 || wc.Status != transport.StatusWRFlushErr {
+		t.Fatalf("outstanding receive after disconnect: %+v", wc)
+	}
+}
+
+func TestVerbsWaitHonoursContext(t *testing.T) {
+	d := openOrSkip(t)
+	cq, err := d.CreateCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cq.ReqNotify(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := cq.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait with deadline: %v", err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel2)
+	if err := cq.Wait(ctx2); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with cancel: %v", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- cq.Wait(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	if err := cq.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Wait across Close: %v", err)
+	}
+}
+
+func TestVerbsMemoryRules(t *testing.T) {
+	d := openOrSkip(t)
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	if _, err := pd.RegMR(make([]byte, 4096), transport.AccessLocalWrite); err == nil {
+		t.Fatal("RegMR accepted Go heap memory")
+	}
+	mem, err := d.AllocMemory(10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mem) != 10000 || uintptrOf(mem)%uintptr(os.Getpagesize()) != 0 {
+		t.Fatalf("AllocMemory: len %d at %#x", len(mem), uintptrOf(mem))
+	}
+	m, err := pd.RegMR(mem[4096:], transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Addr() != uint64(uintptrOf(mem))+4096 || m.Len() != 10000-4096 {
+		t.Fatalf("MR addr %#x len %d", m.Addr(), m.Len())
+	}
+	if err := d.FreeMemory(mem); err == nil {
+		t.Fatal("FreeMemory with a live MR succeeded")
+	}
+	if err := m.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.FreeMemory(mem); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}

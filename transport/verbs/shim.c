@@ -1,0 +1,553 @@
+// See shim.h. Only thin adaptation lives here: no policy, no allocation.
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include "shim.h"
+
+static const enum ibv_wr_opcode send_opcodes[] = {
+	[SHIM_OP_SEND] = IBV_WR_SEND,
+	[SHIM_OP_SEND_IMM] = IBV_WR_SEND_WITH_IMM,
+	[SHIM_OP_WRITE] = IBV_WR_RDMA_WRITE,
+	[SHIM_OP_WRITE_IMM] = IBV_WR_RDMA_WRITE_WITH_IMM,
+	[SHIM_OP_READ] = IBV_WR_RDMA_READ,
+};
+
+int shim_post_send(struct ibv_qp *qp, const struct shim_send *wrs, int n,
+		   const struct ibv_sge *sges, int *posted)
+{
+	struct ibv_send_wr batch[SHIM_POST_BATCH];
+	const struct ibv_sge *sg = sges;
+	int done = 0;
+
+	*posted = 0;
+	while (done < n) {
+		int k = n - done < SHIM_POST_BATCH ? n - done : SHIM_POST_BATCH;
+		struct ibv_send_wr *bad = NULL;
+		int i, ret;
+
+		memset(batch, 0, sizeof(batch[0]) * k);
+		for (i = 0; i < k; i++) {
+			const struct shim_send *w = &wrs[done + i];
+			struct ibv_send_wr *b = &batch[i];
+
+			if (w->opcode > SHIM_OP_READ)
+				return EINVAL;
+			b->wr_id = w->wr_id;
+			b->next = i + 1 < k ? &batch[i + 1] : NULL;
+			b->sg_list = (struct ibv_sge *)sg;
+			b->num_sge = (int)w->nsge;
+			sg += w->nsge;
+			b->opcode = send_opcodes[w->opcode];
+			if (w->flags & SHIM_F_SIGNALED)
+				b->send_flags |= IBV_SEND_SIGNALED;
+			if (w->flags & SHIM_F_INLINE)
+				b->send_flags |= IBV_SEND_INLINE;
+			if (w->opcode == SHIM_OP_SEND_IMM || w->opcode == SHIM_OP_WRITE_IMM)
+				b->imm_data = htonl(w->imm);
+			b->wr.rdma.remote_addr = w->remote_addr;
+			b->wr.rdma.rkey = w->rkey;
+		}
+		ret = ibv_post_send(qp, batch, &bad);
+		if (ret) {
+			*posted = done + (bad ? (int)(bad - batch) : 0);
+			return ret;
+		}
+		done += k;
+		*posted = done;
+	}
+	return 0;
+}
+
+int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
+		   const struct ibv_sge *sges, int *posted)
+{
+	struct ibv_recv_wr batch[SHIM_POST_BATCH];
+	const struct ibv_sge *sg = sges;
+	int done = 0;
+
+	*posted = 0;
+	while (done < n) {
+		int k = n - done < SHIM_POST_BATCH ? n - done : SHIM_POST_BATCH;
+		struct ibv_recv_wr *bad = NULL;
+		int i, ret;
+
+		for (i = 0; i < k; i++) {
+			batch[i].wr_id = wrs[done + i].wr_id;
+			batch[i].next = i + 1 < k ? &batch[i + 1] : NULL;
+			batch[i].sg_list = (struct ibv_sge *)sg;
+			batch[i].num_sge = (int)wrs[done + i].nsge;
+			sg += wrs[done + i].nsge;
+		}
+		ret = ibv_post_recv(qp, batch, &bad);
+		if (ret) {
+			*posted = done + (bad ? (int)(bad - batch) : 0);
+			return ret;
+		}
+		done += k;
+		*posted = done;
+	}
+	return 0;
+}
+
+static uint8_t wc_opcode(enum ibv_wc_opcode op)
+{
+	switch (op) {
+	case IBV_WC_SEND:
+		return 0;
+	case IBV_WC_RDMA_WRITE:
+		return 1;
+	case IBV_WC_RDMA_READ:
+		return 2;
+	case IBV_WC_RECV:
+		return 3;
+	case IBV_WC_RECV_RDMA_WITH_IMM:
+		return 4;
+	default:
+		return 0xff;
+	}
+}
+
+int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n)
+{
+	struct ibv_wc wc[SHIM_POST_BATCH];
+	int got = 0;
+
+	while (got < n) {
+		int want = n - got < SHIM_POST_BATCH ? n - got : SHIM_POST_BATCH;
+		int k = ibv_poll_cq(cq, want, wc);
+		int i;
+
+		if (k < 0)
+			return got ? got : k;
+		for (i = 0; i < k; i++) {
+			struct shim_wc *o = &out[got + i];
+
+			memset(o, 0, sizeof(*o));
+			o->id = wc[i].wr_id;
+			o->status = (uint8_t)wc[i].status;
+			o->qp_num = wc[i].qp_num;
+			o->vendor_err = wc[i].vendor_err;
+			if (wc[i].status != IBV_WC_SUCCESS)
+				continue;
+			o->opcode = wc_opcode(wc[i].opcode);
+			o->byte_len = wc[i].byte_len;
+			if (wc[i].wc_flags & IBV_WC_WITH_IMM) {
+				o->has_imm = 1;
+				o->imm = ntohl(wc[i].imm_data);
+			}
+		}
+		got += k;
+		if (k < want)
+			break;
+	}
+	return got;
+}
+
+int shim_req_notify_cq(struct ibv_cq *cq)
+{
+	return ibv_req_notify_cq(cq, 0);
+}
+
+// Returns 0 when an event was consumed, EAGAIN when the channel is empty,
+// another errno on failure.
+int shim_get_cq_event(struct ibv_comp_channel *ch)
+{
+	struct ibv_cq *cq;
+	void *ctx;
+
+	if (ibv_get_cq_event(ch, &cq, &ctx))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+void shim_ack_cq_events(struct ibv_cq *cq, unsigned int n)
+{
+	ibv_ack_cq_events(cq, n);
+}
+
+int shim_query_port(struct ibv_context *ctx, uint8_t port, struct shim_port *out)
+{
+	struct ibv_port_attr a;
+	int ret = ibv_query_port(ctx, port, &a);
+
+	if (ret)
+		return ret;
+	out->state = a.state;
+	out->link_layer = a.link_layer;
+	out->active_mtu = a.active_mtu;
+	out->gid_tbl_len = a.gid_tbl_len;
+	return 0;
+}
+
+int shim_get_cm_event(struct rdma_event_channel *ch, struct shim_event *out)
+{
+	struct rdma_cm_event *ev;
+	uint32_t len;
+
+	if (rdma_get_cm_event(ch, &ev))
+		return errno ? errno : EIO;
+	memset(out, 0, sizeof(*out));
+	out->event = ev->event;
+	out->status = ev->status;
+	out->id = ev->id;
+	out->handle = (uint64_t)(uintptr_t)ev->id->context;
+	if (ev->listen_id)
+		out->listen_handle = (uint64_t)(uintptr_t)ev->listen_id->context;
+	len = ev->param.conn.private_data_len;
+	if (ev->param.conn.private_data && len) {
+		if (len > sizeof(out->private_data))
+			len = sizeof(out->private_data);
+		memcpy(out->private_data, ev->param.conn.private_data, len);
+		out->private_len = len;
+	}
+	rdma_ack_cm_event(ev);
+	return 0;
+}
+
+int shim_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t handle)
+{
+	if (rdma_create_id(ch, id, (void *)(uintptr_t)handle, RDMA_PS_TCP))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+void shim_set_id_handle(struct rdma_cm_id *id, uint64_t handle)
+{
+	id->context = (void *)(uintptr_t)handle;
+}
+
+struct ibv_context *shim_id_verbs(struct rdma_cm_id *id)
+{
+	return id->verbs;
+}
+
+static void from_sockaddr(const struct sockaddr *sa, struct shim_addr *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!sa)
+		return;
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+
+		out->family = AF_INET;
+		out->port = ntohs(s->sin_port);
+		memcpy(out->ip, &s->sin_addr, 4);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+
+		out->family = AF_INET6;
+		out->port = ntohs(s->sin6_port);
+		memcpy(out->ip, &s->sin6_addr, 16);
+	}
+}
+
+static socklen_t to_sockaddr(const struct shim_addr *a, struct sockaddr_storage *ss)
+{
+	memset(ss, 0, sizeof(*ss));
+	if (a->family == AF_INET6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
+
+		s->sin6_family = AF_INET6;
+		s->sin6_port = htons(a->port);
+		memcpy(&s->sin6_addr, a->ip, 16);
+		return sizeof(*s);
+	}
+	struct sockaddr_in *s = (struct sockaddr_in *)ss;
+
+	s->sin_family = AF_INET;
+	s->sin_port = htons(a->port);
+	memcpy(&s->sin_addr, a->ip, 4);
+	return sizeof(*s);
+}
+
+void shim_local_addr(struct rdma_cm_id *id, struct shim_addr *out)
+{
+	from_sockaddr(rdma_get_local_addr(id), out);
+}
+
+void shim_peer_addr(struct rdma_cm_id *id, struct shim_addr *out)
+{
+	from_sockaddr(rdma_get_peer_addr(id), out);
+}
+
+int shim_bind_listen(struct rdma_cm_id *id, const struct shim_addr *a, int backlog)
+{
+	struct sockaddr_storage ss;
+
+	to_sockaddr(a, &ss);
+	if (rdma_bind_addr(id, (struct sockaddr *)&ss))
+		return errno ? errno : EIO;
+	if (rdma_listen(id, backlog))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+int shim_resolve_addr(struct rdma_cm_id *id, const struct shim_addr *dst, int timeout_ms)
+{
+	struct sockaddr_storage ss;
+
+	to_sockaddr(dst, &ss);
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+			      const struct shim_qp_cfg *cfg, struct shim_qp_cfg *actual)
+{
+	struct ibv_qp_init_attr a;
+	struct ibv_qp *qp;
+
+	memset(&a, 0, sizeof(a));
+	a.send_cq = scq;
+	a.recv_cq = rcq;
+	a.qp_type = IBV_QPT_RC;
+	a.sq_sig_all = 0;
+	a.cap.max_send_wr = cfg->max_send_wr;
+	a.cap.max_recv_wr = cfg->max_recv_wr;
+	a.cap.max_send_sge = cfg->max_send_sge;
+	a.cap.max_recv_sge = cfg->max_recv_sge;
+	a.cap.max_inline_data = cfg->max_inline;
+	qp = ibv_create_qp(pd, &a);
+	if (!qp)
+		return NULL;
+	*actual = *cfg;
+	actual->max_send_wr = a.cap.max_send_wr;
+	actual->max_recv_wr = a.cap.max_recv_wr;
+	actual->max_send_sge = a.cap.max_send_sge;
+	actual->max_recv_sge = a.cap.max_recv_sge;
+	actual->max_inline = a.cap.max_inline_data;
+	return qp;
+}
+
+int shim_qp_to(struct rdma_cm_id *id, struct ibv_qp *qp, int state, const struct shim_qp_cfg *cfg)
+{
+	struct ibv_qp_attr attr;
+	int mask = 0;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = state;
+	if (rdma_init_qp_attr(id, &attr, &mask))
+		return errno ? errno : EIO;
+	switch (state) {
+	case IBV_QPS_INIT:
+		// rdma_cm grants no remote access by default on the passive
+		// side; the provider's MRs decide what a peer may touch.
+		attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				       IBV_ACCESS_REMOTE_READ;
+		mask |= IBV_QP_ACCESS_FLAGS;
+		break;
+	case IBV_QPS_RTR:
+		attr.min_rnr_timer = cfg->min_rnr_timer;
+		mask |= IBV_QP_MIN_RNR_TIMER;
+		break;
+	case IBV_QPS_RTS:
+		attr.timeout = cfg->timeout;
+		attr.retry_cnt = cfg->retry_cnt;
+		attr.rnr_retry = cfg->rnr_retry;
+		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
+		break;
+	}
+	return ibv_modify_qp(qp, &attr, mask);
+}
+
+int shim_qp_set_state(struct ibv_qp *qp, int state)
+{
+	struct ibv_qp_attr attr;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = state;
+	return ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+}
+
+int shim_qp_state(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+
+	if (ibv_query_qp(qp, &attr, IBV_QP_STATE, &init))
+		return -1;
+	return attr.qp_state;
+}
+
+int shim_connect(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_t priv_len,
+		 uint8_t initiator_depth, uint8_t responder_resources,
+		 uint8_t retry_cnt, uint8_t rnr_retry)
+{
+	struct rdma_conn_param p;
+
+	memset(&p, 0, sizeof(p));
+	p.private_data = priv_len ? priv : NULL;
+	p.private_data_len = priv_len;
+	p.initiator_depth = initiator_depth;
+	p.responder_resources = responder_resources;
+	p.retry_count = retry_cnt;
+	p.rnr_retry_count = rnr_retry;
+	p.qp_num = qp_num;
+	if (rdma_connect(id, &p))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+int shim_accept(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_t priv_len,
+		uint8_t initiator_depth, uint8_t responder_resources, uint8_t rnr_retry)
+{
+	struct rdma_conn_param p;
+
+	memset(&p, 0, sizeof(p));
+	p.private_data = priv_len ? priv : NULL;
+	p.private_data_len = priv_len;
+	p.initiator_depth = initiator_depth;
+	p.responder_resources = responder_resources;
+	p.rnr_retry_count = rnr_retry;
+	p.qp_num = qp_num;
+	if (rdma_accept(id, &p))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+struct ibv_cq *shim_create_cq(struct ibv_context *ctx, int entries, struct ibv_comp_channel *ch,
+			      uint64_t handle)
+{
+	return ibv_create_cq(ctx, entries, (void *)(uintptr_t)handle, ch, 0);
+}
+
+int shim_cq_cqe(struct ibv_cq *cq)
+{
+	return cq->cqe;
+}
+
+int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out)
+{
+	struct ibv_async_event ev;
+
+	if (ibv_get_async_event(ctx, &ev))
+		return errno ? errno : EIO;
+	memset(out, 0, sizeof(*out));
+	out->event = ev.event_type;
+	switch (ev.event_type) {
+	case IBV_EVENT_CQ_ERR:
+		out->cq_handle = (uint64_t)(uintptr_t)ev.element.cq->cq_context;
+		break;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp_num = ev.element.qp->qp_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 0;
+}
+
+int shim_async_fd(struct ibv_context *ctx)
+{
+	return ctx->async_fd;
+}
+
+int shim_comp_channel_fd(struct ibv_comp_channel *ch)
+{
+	return ch->fd;
+}
+
+int shim_cm_channel_fd(struct rdma_event_channel *ch)
+{
+	return ch->fd;
+}
+
+int shim_set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return errno;
+	return 0;
+}
+
+int shim_query_device(struct ibv_context *ctx, struct shim_dev_attr *out)
+{
+	struct ibv_device_attr a;
+	int ret = ibv_query_device(ctx, &a);
+
+	if (ret)
+		return ret;
+	out->max_qp_wr = a.max_qp_wr;
+	out->max_sge = a.max_sge;
+	out->max_cqe = a.max_cqe;
+	out->max_qp_rd_atom = a.max_qp_rd_atom;
+	out->max_qp_init_rd_atom = a.max_qp_init_rd_atom;
+	out->max_mr_size = a.max_mr_size;
+	out->phys_port_cnt = a.phys_port_cnt;
+	return 0;
+}
+
+const char *shim_dev_name(struct ibv_context *ctx)
+{
+	return ibv_get_device_name(ctx->device);
+}
+
+int shim_query_gid_ipv4(struct ibv_context *ctx, uint8_t port, int index, uint8_t out[4])
+{
+	static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	union ibv_gid gid;
+
+	if (ibv_query_gid(ctx, port, index, &gid))
+		return -1;
+	if (memcmp(gid.raw, prefix, 12) != 0)
+		return -1;
+	memcpy(out, gid.raw + 12, 4);
+	return 0;
+}
+
+struct ibv_mr *shim_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access)
+{
+	return ibv_reg_mr(pd, (void *)addr, len, access);
+}
+
+uint64_t shim_mr_addr(struct ibv_mr *mr)
+{
+	return (uint64_t)(uintptr_t)mr->addr;
+}
+
+int shim_probe_inline(struct ibv_context *ctx)
+{
+	static const uint32_t sizes[] = {4096, 2048, 1024, 512, 256, 128, 64};
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = pd ? ibv_create_cq(ctx, 1, NULL, NULL, 0) : NULL;
+	int best = 0;
+	size_t i;
+
+	for (i = 0; cq && i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		struct ibv_qp_init_attr a;
+		struct ibv_qp *qp;
+
+		memset(&a, 0, sizeof(a));
+		a.send_cq = cq;
+		a.recv_cq = cq;
+		a.qp_type = IBV_QPT_RC;
+		a.cap.max_send_wr = 1;
+		a.cap.max_recv_wr = 1;
+		a.cap.max_send_sge = 1;
+		a.cap.max_recv_sge = 1;
+		a.cap.max_inline_data = sizes[i];
+		qp = ibv_create_qp(pd, &a);
+		if (qp) {
+			best = (int)a.cap.max_inline_data;
+			ibv_destroy_qp(qp);
+			break;
+		}
+	}
+	if (cq)
+		ibv_destroy_cq(cq);
+	if (pd)
+		ibv_dealloc_pd(pd);
+	return best;
+}

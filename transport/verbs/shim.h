@@ -1,0 +1,169 @@
+// Small C wrappers around the parts of libibverbs and librdmacm that cgo
+// cannot call directly (static inline verbs, unions, pointer-laden event
+// structs). Every structure crossing the Go/C boundary here is flat and
+// holds no pointers, so Go may pass its own memory (cgo pointer rules).
+#ifndef RDMAGRPC_VERBS_SHIM_H
+#define RDMAGRPC_VERBS_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+// shim_wc has the memory layout of transport.WorkCompletion; cq.go checks
+// the offsets at compile time so ibv_poll_cq results land in the caller's
+// slice without a copy or an allocation.
+struct shim_wc {
+	uint64_t id;
+	uint8_t status;
+	uint8_t opcode; // transport.WCOpcode, not enum ibv_wc_opcode
+	uint32_t byte_len;
+	uint32_t imm; // host order
+	uint8_t has_imm;
+	uint32_t qp_num;
+	uint32_t vendor_err;
+};
+
+enum {
+	SHIM_WC_SIZE = sizeof(struct shim_wc),
+	SHIM_WC_OFF_STATUS = offsetof(struct shim_wc, status),
+	SHIM_WC_OFF_OPCODE = offsetof(struct shim_wc, opcode),
+	SHIM_WC_OFF_BYTE_LEN = offsetof(struct shim_wc, byte_len),
+	SHIM_WC_OFF_IMM = offsetof(struct shim_wc, imm),
+	SHIM_WC_OFF_HAS_IMM = offsetof(struct shim_wc, has_imm),
+	SHIM_WC_OFF_QP_NUM = offsetof(struct shim_wc, qp_num),
+	SHIM_WC_OFF_VENDOR_ERR = offsetof(struct shim_wc, vendor_err),
+};
+
+// Opcodes of shim_send (transport.Opcode numbering).
+enum {
+	SHIM_OP_SEND = 0,
+	SHIM_OP_SEND_IMM = 1,
+	SHIM_OP_WRITE = 2,
+	SHIM_OP_WRITE_IMM = 3,
+	SHIM_OP_READ = 4,
+};
+
+enum {
+	SHIM_F_SIGNALED = 1,
+	SHIM_F_INLINE = 2,
+};
+
+// shim_send is one send work request; its SGEs are nsge consecutive
+// entries of the flat SGE array passed beside it.
+struct shim_send {
+	uint64_t wr_id;
+	uint64_t remote_addr;
+	uint32_t rkey;
+	uint32_t imm; // host order
+	uint32_t nsge;
+	uint8_t opcode;
+	uint8_t flags;
+};
+
+struct shim_recv {
+	uint64_t wr_id;
+	uint32_t nsge;
+};
+
+// Work requests are chained on the C stack in batches of this size.
+#define SHIM_POST_BATCH 32
+
+int shim_post_send(struct ibv_qp *qp, const struct shim_send *wrs, int n,
+		   const struct ibv_sge *sges, int *posted);
+int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
+		   const struct ibv_sge *sges, int *posted);
+int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n);
+int shim_req_notify_cq(struct ibv_cq *cq);
+int shim_get_cq_event(struct ibv_comp_channel *ch);
+void shim_ack_cq_events(struct ibv_cq *cq, unsigned int n);
+
+struct shim_port {
+	int state;
+	int link_layer;
+	int active_mtu;
+	int gid_tbl_len;
+};
+int shim_query_port(struct ibv_context *ctx, uint8_t port, struct shim_port *out);
+
+// shim_event is an rdma_cm event copied out of librdmacm's allocation
+// (the event is acknowledged before shim_get_cm_event returns, so
+// rdma_destroy_id never waits on us).
+struct shim_event {
+	uint64_t handle;        // context of the id the event is for
+	uint64_t listen_handle; // context of the listening id (CONNECT_REQUEST)
+	struct rdma_cm_id *id;  // the new id on CONNECT_REQUEST
+	int32_t event;
+	int32_t status;
+	uint32_t private_len;
+	uint8_t private_data[256];
+};
+int shim_get_cm_event(struct rdma_event_channel *ch, struct shim_event *out);
+
+int shim_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t handle);
+void shim_set_id_handle(struct rdma_cm_id *id, uint64_t handle);
+struct ibv_context *shim_id_verbs(struct rdma_cm_id *id);
+
+// Addresses travel as (family, 16 address bytes, port in host order).
+struct shim_addr {
+	int32_t family; // AF_INET, AF_INET6 or 0
+	uint16_t port;
+	uint8_t ip[16];
+};
+void shim_local_addr(struct rdma_cm_id *id, struct shim_addr *out);
+void shim_peer_addr(struct rdma_cm_id *id, struct shim_addr *out);
+int shim_bind_listen(struct rdma_cm_id *id, const struct shim_addr *a, int backlog);
+int shim_resolve_addr(struct rdma_cm_id *id, const struct shim_addr *dst, int timeout_ms);
+
+// QP attributes chosen by the caller; the rest comes from rdma_init_qp_attr.
+struct shim_qp_cfg {
+	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
+	uint8_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
+};
+struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
+			      const struct shim_qp_cfg *cfg, struct shim_qp_cfg *actual);
+// shim_qp_to moves qp to state using rdma_init_qp_attr(id) plus cfg's overrides.
+int shim_qp_to(struct rdma_cm_id *id, struct ibv_qp *qp, int state, const struct shim_qp_cfg *cfg);
+int shim_qp_set_state(struct ibv_qp *qp, int state);
+int shim_qp_state(struct ibv_qp *qp);
+
+int shim_connect(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_t priv_len,
+		 uint8_t initiator_depth, uint8_t responder_resources,
+		 uint8_t retry_cnt, uint8_t rnr_retry);
+int shim_accept(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_t priv_len,
+		uint8_t initiator_depth, uint8_t responder_resources, uint8_t rnr_retry);
+
+struct ibv_cq *shim_create_cq(struct ibv_context *ctx, int entries, struct ibv_comp_channel *ch,
+			      uint64_t handle);
+int shim_cq_cqe(struct ibv_cq *cq);
+
+struct shim_async {
+	int32_t event;
+	uint64_t cq_handle; // for CQ events: the CQ's context
+	uint32_t qp_num;    // for QP events
+};
+int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out);
+int shim_async_fd(struct ibv_context *ctx);
+int shim_comp_channel_fd(struct ibv_comp_channel *ch);
+int shim_cm_channel_fd(struct rdma_event_channel *ch);
+int shim_set_nonblock(int fd);
+
+struct shim_dev_attr {
+	int max_qp_wr, max_sge, max_cqe, max_qp_rd_atom, max_qp_init_rd_atom;
+	uint64_t max_mr_size;
+	uint8_t phys_port_cnt;
+};
+int shim_query_device(struct ibv_context *ctx, struct shim_dev_attr *out);
+const char *shim_dev_name(struct ibv_context *ctx);
+// shim_query_gid_ipv4 writes the IPv4 address of an IPv4-mapped GID, or
+// returns -1 if the entry is not one.
+int shim_query_gid_ipv4(struct ibv_context *ctx, uint8_t port, int index, uint8_t out[4]);
+
+// ibv_reg_mr is a macro over a static inline in rdma-core >= 33.
+struct ibv_mr *shim_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access);
+uint64_t shim_mr_addr(struct ibv_mr *mr);
+// shim_probe_inline returns the largest inline size (from a list of
+// candidates) a throw-away RC QP on ctx accepts, or 0.
+int shim_probe_inline(struct ibv_context *ctx);
+
+#endif
