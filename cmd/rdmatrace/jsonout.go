@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bpf"
+)
+
+// jsonEvent is one line of --json output.
+type jsonEvent struct {
+	Type       string    `json:"type"` // "event"
+	Time       time.Time `json:"time"`
+	Kind       string    `json:"kind"` // reg, dereg, rereg, enlarge
+	Func       string    `json:"func"`
+	PID        uint32    `json:"pid"`
+	TID        uint32    `json:"tid"`
+	Comm       string    `json:"comm"`
+	OK         bool      `json:"ok"`
+	DurationNs int64     `json:"duration_ns"`
+	Addr       uint64    `json:"addr,omitempty"`
+	Length     uint64    `json:"length,omitempty"`
+	PrevLength uint64    `json:"prev_length,omitempty"`
+	Access     uint32    `json:"access,omitempty"`
+	LKey       uint32    `json:"lkey,omitempty"`
+	Result     uint64    `json:"result,omitempty"`
+
+	ConnID            uint64 `json:"conn_id,omitempty"`
+	FromSize          uint32 `json:"from_size,omitempty"`
+	ToSize            uint32 `json:"to_size,omitempty"`
+	EnlargeDurationNs int64  `json:"enlarge_duration_ns,omitempty"`
+	Outcome           uint32 `json:"outcome,omitempty"`
+}
+
+// jsonSummary is printed per process when rdmatrace stops.
+type jsonSummary struct {
+	Type         string  `json:"type"` // "summary"
+	PID          uint32  `json:"pid"`
+	Comm         string  `json:"comm"`
+	Regs         uint64  `json:"regs"`
+	RegFails     uint64  `json:"reg_fails"`
+	Deregs       uint64  `json:"deregs"`
+	Reregs       uint64  `json:"reregs"`
+	Registered   uint64  `json:"registered_bytes"`
+	Live         uint64  `json:"live_bytes"`
+	P50Ns        int64   `json:"p50_ns"`
+	P99Ns        int64   `json:"p99_ns"`
+	Enlargements uint64  `json:"enlargements"`
+	RegsPerSec   float64 `json:"regs_per_sec"`
+}
+
+type jsonTotals struct {
+	Type     string `json:"type"` // "totals"
+	Events   uint64 `json:"events"`
+	Lost     uint64 `json:"lost"`
+	NoEntry  uint64 `json:"returns_without_entry"`
+	Duration string `json:"duration"`
+}
+
+func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	enc := json.NewEncoder(out)
+	start := time.Now()
+	st := newStats(start)
+	if cfg.duration > 0 {
+		tr.SetDeadline(start.Add(cfg.duration))
+	}
+	stopped := context.AfterFunc(ctx, func() { tr.Close() })
+	defer stopped()
+	lastFlush := start
+	for {
+		if cfg.duration > 0 && time.Since(start) >= cfg.duration {
+			break // a steady stream never lets Read reach its deadline
+		}
+		ev, err := tr.Read()
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, bpf.ErrClosed) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		st.add(ev)
+		if err := enc.Encode(toJSON(ev)); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		// Scripts reading a pipe see events within a fifth of a second.
+		if now := time.Now(); out.Buffered() > 32<<10 || now.Sub(lastFlush) > 200*time.Millisecond {
+			out.Flush()
+			lastFlush = now
+		}
+	}
+	elapsed := time.Since(start)
+	procs := st.rows(byPID, true, "")
+	for _, p := range procs {
+		enc.Encode(jsonSummary{
+			Type: "summary", PID: p.PID, Comm: p.Comm,
+			Regs: p.Regs, RegFails: p.RegFails, Deregs: p.Deregs, Reregs: p.Reregs,
+			Registered: p.Registered, Live: p.Live(),
+			P50Ns: int64(p.Percentile(0.5)), P99Ns: int64(p.Percentile(0.99)),
+			Enlargements: p.Enlargements,
+			RegsPerSec:   float64(p.Regs+p.RegFails) / elapsed.Seconds(),
+		})
+	}
+	tot := jsonTotals{Type: "totals", Events: st.events, Duration: elapsed.Round(time.Millisecond).String()}
+	if s, err := tr.Stats(); err == nil {
+		tot.Lost, tot.NoEntry = s.Lost, s.NoEntry
+	}
+	return enc.Encode(tot)
+}
+
+func toJSON(ev bpf.Event) jsonEvent {
+	return jsonEvent{
+		Type: "event", Time: ev.Time, Kind: ev.Kind.String(), Func: ev.Func,
+		PID: ev.PID, TID: ev.TID, Comm: ev.Comm, OK: ev.OK, DurationNs: int64(ev.Duration),
+		Addr: ev.Addr, Length: ev.Length, PrevLength: ev.PrevLength, Access: ev.Access,
+		LKey: ev.LKey, Result: ev.Result,
+		ConnID: ev.ConnID, FromSize: ev.FromSize, ToSize: ev.ToSize,
+		EnlargeDurationNs: int64(ev.EnlargeDuration), Outcome: ev.Outcome,
+	}
+}

@@ -1,0 +1,262 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// These tests run the real rdmatrace binary as root against goreg
+// (bpf/testdata/goreg), a helper that makes a scripted number of calls to
+// functions shaped like rdmagrpc's probe points, in package main (hence
+// --go-package main).
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: rdmatrace's eBPF probes need root; run `sudo go test ./cmd/rdmatrace/`")
+	}
+}
+
+func build(t *testing.T) (rdmatrace, goreg string) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil { // readable by the unprivileged test too
+		t.Fatal(err)
+	}
+	rdmatrace, goreg = filepath.Join(dir, "rdmatrace"), filepath.Join(dir, "goreg")
+	for _, c := range [][]string{
+		{"go", "build", "-o", rdmatrace, "."},
+		{"go", "build", "-o", goreg, "../../bpf/testdata/goreg"},
+	} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", c, err, out)
+		}
+	}
+	return rdmatrace, goreg
+}
+
+// goregProc runs goreg with -repeat: every "go" line runs its script once.
+type goregProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+func startGoreg(t *testing.T, bin string, args ...string) *goregProc {
+	t.Helper()
+	cmd := exec.Command(bin, append(args, "-repeat")...)
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	g := &goregProc{cmd: cmd, stdin: stdin, out: bufio.NewScanner(stdout)}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	g.expect(t, "ready")
+	return g
+}
+
+func (g *goregProc) expect(t *testing.T, want string) {
+	t.Helper()
+	if !g.out.Scan() || g.out.Text() != want {
+		t.Fatalf("goreg: got %q, want %q (%v)", g.out.Text(), want, g.out.Err())
+	}
+}
+
+func (g *goregProc) round(t *testing.T) {
+	t.Helper()
+	fmt.Fprintln(g.stdin, "go")
+	g.expect(t, "done")
+}
+
+// waitFor polls until cond holds or the timeout passes.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, last := cond()
+		if ok {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; last state:\n%s", what, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The live view under tmux: rows appear with exact counts, and the keys
+// sort, filter and quit.
+func TestLiveViewTmux(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("skipping: tmux is not installed (scripts/deps.sh installs it)")
+	}
+	rdmatrace, goreg := build(t)
+	g := startGoreg(t, goreg, "-g", "2", "-n", "150", "-fail", "2", "-enlarge", "3", "-size", "65536")
+	pid := g.cmd.Process.Pid
+
+	session := fmt.Sprintf("rdmatrace-test-%d", os.Getpid())
+	tmux := func(args ...string) string {
+		out, err := exec.Command("tmux", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	cmdline := fmt.Sprintf("%s --pid %d --go-package main --interval 200ms --no-verbs; sleep 30", rdmatrace, pid)
+	tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "45", cmdline)
+	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
+	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
+	has := func(subs ...string) func() (bool, string) {
+		return func() (bool, string) {
+			s := screen()
+			for _, sub := range subs {
+				if !strings.Contains(s, sub) {
+					return false, s
+				}
+			}
+			return true, s
+		}
+	}
+	waitFor(t, "the view to start", 20*time.Second, has("probes: libibverbs 0, Go 3", "no registrations seen yet"))
+
+	g.round(t)
+	g.round(t)
+	// 2 rounds x 2 goroutines: 600 registrations of 64 KiB, 8 failures,
+	// 600 deregistrations, 12 enlargements.
+	row := fmt.Sprintf("%7d  %-15s", pid, "goreg")
+	s := waitFor(t, "the goreg row", 10*time.Second, func() (bool, string) {
+		s := screen()
+		for line := range strings.Lines(s) {
+			f := strings.Fields(line)
+			if strings.HasPrefix(line, row) && len(f) == 11 &&
+				f[3] == "600" && f[4] == "8" && f[5] == "600" && f[6] == "37.5MiB" && f[7] == "0B" && f[10] == "12" {
+				return true, s
+			}
+		}
+		return false, s
+	})
+	t.Logf("screen:\n%s", s)
+	if n := strings.Count(s, "1.0KiB → 64.0KiB"); n != 8 {
+		t.Errorf("%d enlargement lines shown, want the 8 most recent", n)
+	}
+	if !strings.Contains(s, "registration latency, pid "+fmt.Sprint(pid)+" (goreg): 608 calls") {
+		t.Errorf("histogram header missing or wrong count")
+	}
+
+	tmux("send-keys", "-t", session, "s")
+	waitFor(t, "sort by regs", 5*time.Second, has("sort: regs ▼"))
+	tmux("send-keys", "-t", session, "r")
+	waitFor(t, "reverse sort", 5*time.Second, has("sort: regs ▲"))
+	tmux("send-keys", "-t", session, "/", "n", "o", "m", "a", "t", "c", "h", "Enter")
+	waitFor(t, "filter hiding the row", 5*time.Second, has("filter: nomatch", "no registrations seen yet"))
+	tmux("send-keys", "-t", session, "c")
+	waitFor(t, "filter cleared", 5*time.Second, has("filter: (none)", row))
+	tmux("send-keys", "-t", session, "q")
+	waitFor(t, "quit", 5*time.Second, func() (bool, string) {
+		s := screen()
+		return !strings.Contains(s, "rdmatrace — memory registration"), s
+	})
+}
+
+// --json --duration: one line per call, then exact per-process totals.
+func TestJSONExactCounts(t *testing.T) {
+	requireRoot(t)
+	rdmatrace, goreg := build(t)
+	g := startGoreg(t, goreg, "-g", "3", "-n", "70", "-fail", "4", "-enlarge", "2")
+
+	cmd := exec.Command(rdmatrace, "--json", "--duration", "4s", "--pid", fmt.Sprint(g.cmd.Process.Pid), "--go-package", "main", "--no-verbs")
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Start the calls only once the probes are in.
+	var log strings.Builder
+	for sc := bufio.NewScanner(stderr); sc.Scan(); {
+		log.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), "rdmatrace: attached ") {
+			break
+		}
+	}
+	if !strings.Contains(log.String(), "rdmatrace: attached ") {
+		cmd.Wait()
+		t.Fatalf("rdmatrace did not attach:\n%s", log.String())
+	}
+	g.round(t)
+	io.Copy(&log, stderr) // until rdmatrace exits; Wait must come after the last read
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("rdmatrace: %v\n%s", err, log.String())
+	}
+	counts := map[string]int{}
+	var sum jsonSummary
+	var tot jsonTotals
+	for line := range strings.Lines(stdout.String()) {
+		var ev jsonEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("bad line %q: %v", line, err)
+		}
+		switch ev.Type {
+		case "event":
+			counts[fmt.Sprintf("%s ok=%v", ev.Kind, ev.OK)]++
+		case "summary":
+			json.Unmarshal([]byte(line), &sum)
+		case "totals":
+			json.Unmarshal([]byte(line), &tot)
+		}
+	}
+	want := map[string]int{"reg ok=true": 210, "reg ok=false": 12, "dereg ok=true": 210, "enlarge ok=true": 6}
+	for k, v := range want {
+		if counts[k] != v {
+			t.Errorf("%s: %d events, want %d (all: %v)", k, counts[k], v, counts)
+		}
+	}
+	if sum.Regs != 210 || sum.RegFails != 12 || sum.Deregs != 210 || sum.Enlargements != 6 || sum.Registered != 210*4096 || sum.Live != 0 {
+		t.Errorf("summary %+v", sum)
+	}
+	if tot.Events != 438 || tot.Lost != 0 {
+		t.Errorf("totals %+v", tot)
+	}
+}
+
+func TestNotRootMessage(t *testing.T) {
+	requireRoot(t) // to drop privileges we need them first
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("skipping: setpriv not installed")
+	}
+	rdmatrace, _ := build(t)
+	out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", rdmatrace, "--duration", "1s").CombinedOutput()
+	if err == nil {
+		t.Fatalf("unprivileged rdmatrace succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), "rdmatrace needs root") {
+		t.Fatalf("unprivileged output:\n%s", out)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var b bytes.Buffer
+	_, err := parseFlags([]string{"--help"}, &b)
+	if err == nil {
+		t.Fatal("--help did not stop")
+	}
+	for _, want := range []string{"--pid", "--binary", "--json", "--duration", "libibverbs.so.1", "Keys in the live view", "sudo rdmatrace"} {
+		if !strings.Contains(strings.ReplaceAll(b.String(), "  -", "  --"), want) {
+			t.Errorf("help lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/rdmagrpc/rdmagrpc/bpf"
+)
+
+func run(ctx context.Context, cfg config) error {
+	if os.Geteuid() != 0 {
+		return errors.New("rdmatrace needs root: eBPF uprobes require CAP_BPF and CAP_PERFMON.\n" +
+			"  Run it with sudo, e.g.: sudo " + strings.Join(os.Args, " "))
+	}
+	tr, err := bpf.Open(bpf.Options{PID: cfg.pid})
+	if err != nil {
+		if bpf.IsNotSupported(err) || errors.Is(err, os.ErrPermission) {
+			return fmt.Errorf("eBPF is not available here (%w).\n"+
+				"  rdmatrace needs BPF programs with uprobes and ring buffers (Linux 5.15+, not blocked by\n"+
+				"  kernel.unprivileged_bpf_disabled, lockdown or a container's seccomp profile)", err)
+		}
+		return err
+	}
+	defer tr.Close()
+	notes := attach(tr, cfg)
+	if len(tr.Attached()) == 0 {
+		return fmt.Errorf("nothing to trace:\n  %s", strings.Join(notes, "\n  "))
+	}
+	if cfg.jsonOut {
+		for _, n := range notes {
+			fmt.Fprintln(os.Stderr, "rdmatrace:", n)
+		}
+		// Scripts wait for this line before starting the work to trace.
+		fmt.Fprintf(os.Stderr, "rdmatrace: attached %s\n", strings.Join(tr.Attached(), " "))
+		return runJSON(ctx, tr, cfg)
+	}
+	return runView(ctx, tr, cfg, notes)
+}
+
+// attach probes libibverbs and the Go binaries the configuration names,
+// and returns notes on what it could not probe.
+func attach(tr *bpf.Tracer, cfg config) []string {
+	var notes []string
+	if !cfg.noVerbs {
+		lib := cfg.lib
+		var err error
+		if lib == "" {
+			lib, err = bpf.FindLibibverbs(cfg.pid)
+		}
+		if err == nil {
+			err = tr.AttachLibibverbs(lib)
+		}
+		if err != nil {
+			notes = append(notes, "libibverbs: "+err.Error())
+		}
+	}
+	fns := goFuncs(cfg.goPackage)
+	bins := slices.Clone(cfg.binaries)
+	scanned := false
+	if len(bins) == 0 && cfg.pid > 0 {
+		bins = append(bins, fmt.Sprintf("/proc/%d/exe", cfg.pid))
+	} else if len(bins) == 0 && !cfg.noScan {
+		bins, scanned = goBinaries(), true
+	}
+	found := 0
+	for _, b := range bins {
+		_, err := tr.AttachGoFuncs(b, fns)
+		switch {
+		case err == nil:
+			found++
+		case scanned && errors.Is(err, bpf.ErrNoSymbol):
+			// A Go program that does not use rdmagrpc.
+		default:
+			notes = append(notes, err.Error())
+		}
+	}
+	switch {
+	case found > 0 || len(cfg.binaries) > 0:
+	case cfg.noScan && cfg.pid == 0:
+		notes = append(notes, "Go binaries not scanned (--no-scan): shm registrations and enlargements are not traced")
+	default:
+		notes = append(notes, "no rdmagrpc Go binary found: shm registrations and enlargements are not traced (use --binary or --pid)")
+	}
+	return notes
+}
+
+// goFuncs are the rdmagrpc probe points, moved under pkg when given.
+func goFuncs(pkg string) []bpf.GoFunc {
+	fns := slices.Clone(bpf.KnownGoFuncs)
+	if pkg == "" {
+		return fns
+	}
+	for i := range fns {
+		name := fns[i].Symbol[strings.LastIndexByte(fns[i].Symbol, '.')+1:]
+		fns[i].Symbol = pkg + "." + name
+	}
+	return fns
+}
+
+// goBinaries lists the distinct executables of running processes that are
+// Go programs. A uprobe on a file fires in every process running it, now
+// or later, so each file is probed once.
+func goBinaries() []string {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []string
+	self, _ := os.Executable()
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		exe := filepath.Join("/proc", e.Name(), "exe")
+		target, err := os.Readlink(exe)
+		if err != nil || seen[target] || target == self {
+			continue
+		}
+		seen[target] = true
+		if isGo(exe) {
+			out = append(out, exe)
+		}
+	}
+	return out
+}
+
+func isGo(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	return f.Section(".go.buildinfo") != nil || f.Section(".gopclntab") != nil
+}
+
+func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string) error {
+	events, errc, stop := pump(tr)
+	defer stop()
+	scope := "all processes"
+	if cfg.pid > 0 {
+		scope = fmt.Sprintf("pid %d", cfg.pid)
+	}
+	m := &model{
+		st:       newStats(time.Now()),
+		src:      events,
+		errc:     errc,
+		tr:       tr,
+		probes:   describeProbes(tr.Attached(), notes),
+		scope:    scope,
+		interval: cfg.interval,
+		started:  time.Now(),
+	}
+	if cfg.duration > 0 {
+		m.until = m.started.Add(cfg.duration)
+	}
+	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
+	_, err := p.Run()
+	if errors.Is(err, tea.ErrProgramKilled) && ctx.Err() != nil {
+		return nil // Ctrl-C or SIGTERM
+	}
+	return err
+}
+
+func describeProbes(attached, notes []string) string {
+	var verbs, gofns []string
+	for _, a := range attached {
+		fn := a[strings.LastIndexByte(a, ':')+1:]
+		if strings.HasPrefix(fn, "ibv_") {
+			verbs = append(verbs, fn)
+		} else {
+			gofns = append(gofns, fn[strings.LastIndexByte(fn, '/')+1:])
+		}
+	}
+	s := fmt.Sprintf("libibverbs %d, Go %d %v", len(verbs), len(gofns), gofns)
+	if len(notes) > 0 {
+		s += "  (" + strings.Join(notes, "; ") + ")"
+	}
+	return s
+}
+
+// pump moves events from the tracer to a channel. Its goroutine ends when
+// stop (which closes the tracer) is called; errc then holds why it ended.
+func pump(tr *bpf.Tracer) (<-chan bpf.Event, <-chan error, func()) {
+	events := make(chan bpf.Event, 4096)
+	errc := make(chan error, 1)
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		defer close(events)
+		for {
+			ev, err := tr.Read()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case events <- ev:
+			case <-done:
+				errc <- bpf.ErrClosed
+				return
+			}
+		}
+	}()
+	return events, errc, func() {
+		close(done)
+		tr.Close()
+		<-exited
+	}
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bpf"
+)
+
+// latencyWindow is how many recent registration latencies each process
+// keeps for its percentiles: exact over the window, bounded in memory.
+const latencyWindow = 4096
+
+// histBuckets are power-of-two latency buckets: bucket i holds calls of
+// [2^i, 2^(i+1)) ns.
+const histBuckets = 40
+
+const maxEnlargements = 64
+
+// proc is what rdmatrace knows about one process.
+type proc struct {
+	PID  uint32
+	Comm string
+
+	Regs, RegFails, Deregs, Reregs uint64
+	Registered                     uint64 // bytes, successful registrations
+	live                           int64  // bytes registered minus released, since start
+	releasedUnseen                 bool   // released memory registered before we started
+	Enlargements                   uint64
+	Rate                           float64 // registrations per second, last interval
+	lastRegs                       uint64
+
+	window []time.Duration // ring of recent registration latencies
+	next   int
+	Hist   [histBuckets]uint64
+}
+
+// Live is the registered memory the process holds, as far as seen.
+func (p *proc) Live() uint64 { return uint64(max(p.live, 0)) }
+
+// Percentile returns the q-quantile (0..1) of the recent registration
+// latencies, or 0 when there are none.
+func (p *proc) Percentile(q float64) time.Duration {
+	if len(p.window) == 0 {
+		return 0
+	}
+	s := slices.Clone(p.window)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func (p *proc) observe(d time.Duration) {
+	if len(p.window) < latencyWindow {
+		p.window = append(p.window, d)
+	} else {
+		p.window[p.next] = d
+		p.next = (p.next + 1) % latencyWindow
+	}
+	b := 0
+	if d > 0 {
+		b = bits.Len64(uint64(d)) - 1
+	}
+	p.Hist[min(b, histBuckets-1)]++
+}
+
+// stats aggregates events per process.
+type stats struct {
+	procs    map[uint32]*proc
+	enl      []bpf.Event // most recent last
+	events   uint64
+	lastTick time.Time
+}
+
+func newStats(now time.Time) *stats {
+	return &stats{procs: map[uint32]*proc{}, lastTick: now}
+}
+
+func (s *stats) add(ev bpf.Event) {
+	s.events++
+	p := s.procs[ev.PID]
+	if p == nil {
+		p = &proc{PID: ev.PID}
+		s.procs[ev.PID] = p
+	}
+	p.Comm = ev.Comm
+	switch ev.Kind {
+	case bpf.KindRegister:
+		p.observe(ev.Duration)
+		if !ev.OK {
+			p.RegFails++
+			return
+		}
+		p.Regs++
+		p.Registered += ev.Length
+		p.live += int64(ev.Length)
+	case bpf.KindReregister:
+		p.observe(ev.Duration)
+		if ev.OK {
+			p.Reregs++
+			p.live += int64(ev.Length) - int64(ev.PrevLength)
+		}
+	case bpf.KindDeregister:
+		if ev.OK {
+			p.Deregs++
+			p.live -= int64(ev.Length)
+			if p.live < 0 {
+				p.releasedUnseen = true
+			}
+		}
+	case bpf.KindEnlargement:
+		p.Enlargements++
+		s.enl = append(s.enl, ev)
+		if len(s.enl) > maxEnlargements {
+			s.enl = slices.Delete(s.enl, 0, len(s.enl)-maxEnlargements)
+		}
+	}
+}
+
+// tick updates per-second rates.
+func (s *stats) tick(now time.Time) {
+	dt := now.Sub(s.lastTick).Seconds()
+	if dt <= 0 {
+		return
+	}
+	for _, p := range s.procs {
+		p.Rate = float64(p.Regs+p.RegFails-p.lastRegs) / dt
+		p.lastRegs = p.Regs + p.RegFails
+	}
+	s.lastTick = now
+}
+
+// sortKey orders the process table.
+type sortKey int
+
+const (
+	byRate sortKey = iota
+	byRegs
+	byRegistered
+	byLive
+	byP99
+	byPID
+	numSortKeys
+)
+
+func (k sortKey) String() string {
+	return [...]string{"reg/s", "regs", "registered", "live", "p99", "pid"}[k]
+}
+
+// rows returns the processes matching filter (a substring of the command
+// name or pid), sorted by key, largest first unless asc.
+func (s *stats) rows(key sortKey, asc bool, filter string) []*proc {
+	var out []*proc
+	for _, p := range s.procs {
+		if filter != "" && !strings.Contains(p.Comm, filter) && !strings.Contains(strconv.Itoa(int(p.PID)), filter) {
+			continue
+		}
+		out = append(out, p)
+	}
+	val := func(p *proc) float64 {
+		switch key {
+		case byRate:
+			return p.Rate
+		case byRegs:
+			return float64(p.Regs)
+		case byRegistered:
+			return float64(p.Registered)
+		case byLive:
+			return float64(p.Live())
+		case byP99:
+			return float64(p.Percentile(0.99))
+		}
+		return float64(p.PID)
+	}
+	slices.SortStableFunc(out, func(a, b *proc) int {
+		c := cmp.Compare(val(a), val(b))
+		if !asc {
+			c = -c
+		}
+		if c == 0 {
+			c = cmp.Compare(a.PID, b.PID) // ties: by pid, ascending
+		}
+		return c
+	})
+	return out
+}
+
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func humanDuration(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "-"
+	case d < time.Microsecond:
+		return fmt.Sprintf("%dns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond))
+	case d < time.Second:
+		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bpf"
+)
+
+func reg(pid uint32, comm string, n uint64, d time.Duration) bpf.Event {
+	return bpf.Event{Kind: bpf.KindRegister, PID: pid, Comm: comm, OK: true, Length: n, Duration: d}
+}
+
+func TestStatsAccounting(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := newStats(t0)
+	for i := range 100 {
+		s.add(reg(10, "server", 4096, time.Duration(i+1)*time.Microsecond))
+	}
+	s.add(bpf.Event{Kind: bpf.KindRegister, PID: 10, Comm: "server", OK: false, Duration: time.Microsecond})
+	for range 40 {
+		s.add(bpf.Event{Kind: bpf.KindDeregister, PID: 10, Comm: "server", OK: true, Length: 4096})
+	}
+	s.add(bpf.Event{Kind: bpf.KindReregister, PID: 10, Comm: "server", OK: true, PrevLength: 4096, Length: 8192, Duration: time.Microsecond})
+	s.add(bpf.Event{Kind: bpf.KindEnlargement, PID: 10, Comm: "server", ConnID: 7, FromSize: 1024, ToSize: 32768})
+	s.add(reg(20, "client", 1<<20, time.Millisecond))
+	s.add(bpf.Event{Kind: bpf.KindDeregister, PID: 30, Comm: "old", OK: true, Length: 4096})
+	s.tick(t0.Add(2 * time.Second))
+
+	p := s.procs[10]
+	if p.Regs != 100 || p.RegFails != 1 || p.Deregs != 40 || p.Reregs != 1 || p.Enlargements != 1 {
+		t.Fatalf("counts %+v", p)
+	}
+	if p.Registered != 100*4096 || p.Live() != 60*4096+4096 {
+		t.Fatalf("registered %d live %d", p.Registered, p.Live())
+	}
+	if p.Rate != 50.5 { // 101 calls in 2 s
+		t.Fatalf("rate %v", p.Rate)
+	}
+	// 102 latencies: 1..100 µs, 1 µs (failure), 1 µs (rereg).
+	if got := p.Percentile(0.5); got != 49*time.Microsecond {
+		t.Fatalf("p50 %v", got)
+	}
+	if got := p.Percentile(0.99); got != 99*time.Microsecond {
+		t.Fatalf("p99 %v", got)
+	}
+	if old := s.procs[30]; old.Live() != 0 || !old.releasedUnseen {
+		t.Fatalf("release of unseen registration: %+v", old)
+	}
+	if len(s.enl) != 1 || s.enl[0].ConnID != 7 {
+		t.Fatalf("enlargements %+v", s.enl)
+	}
+
+	rows := s.rows(byLive, false, "")
+	if len(rows) != 3 || rows[0].PID != 20 || rows[1].PID != 10 || rows[2].PID != 30 {
+		t.Fatalf("by live: %v", pids(rows))
+	}
+	rows = s.rows(byRegs, true, "")
+	if rows[0].PID != 30 || rows[2].PID != 10 {
+		t.Fatalf("by regs ascending: %v", pids(rows))
+	}
+	if rows = s.rows(byPID, false, "serv"); len(rows) != 1 || rows[0].PID != 10 {
+		t.Fatalf("filter serv: %v", pids(rows))
+	}
+	if rows = s.rows(byPID, false, "20"); len(rows) != 1 || rows[0].PID != 20 {
+		t.Fatalf("filter 20: %v", pids(rows))
+	}
+}
+
+func TestLatencyWindowBounded(t *testing.T) {
+	s := newStats(time.Now())
+	for i := range 3 * latencyWindow {
+		s.add(reg(1, "x", 1, time.Duration(i)))
+	}
+	p := s.procs[1]
+	if len(p.window) != latencyWindow {
+		t.Fatalf("window %d", len(p.window))
+	}
+	// Only the last latencyWindow calls count: the smallest is 2*latencyWindow.
+	if got := p.Percentile(0); got != time.Duration(2*latencyWindow) {
+		t.Fatalf("min of window %v", got)
+	}
+}
+
+func TestHumanUnits(t *testing.T) {
+	for _, c := range []struct {
+		n    uint64
+		want string
+	}{{0, "0B"}, {1023, "1023B"}, {1024, "1.0KiB"}, {65536, "64.0KiB"}, {3 << 30, "3.0GiB"}} {
+		if got := humanBytes(c.n); got != c.want {
+			t.Errorf("humanBytes(%d) = %q, want %q", c.n, got, c.want)
+		}
+	}
+	if got := humanDuration(1500 * time.Nanosecond); got != "1.5µs" {
+		t.Errorf("humanDuration = %q", got)
+	}
+}
+
+func pids(ps []*proc) []uint32 {
+	var out []uint32
+	for _, p := range ps {
+		out = append(out, p.PID)
+	}
+	return out
+}

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+	"github.com/charmbracelet/lipgloss"
+
+	"github.com/rdmagrpc/rdmagrpc/bpf"
+)
+
+// The live view: a bubbletea model fed by the tracer's events.
+
+type (
+	eventsMsg []bpf.Event
+	tickMsg   time.Time
+	readErr   struct{ err error }
+)
+
+type model struct {
+	st       *stats
+	src      <-chan bpf.Event
+	errc     <-chan error
+	tr       *bpf.Tracer
+	probes   string
+	scope    string
+	interval time.Duration
+	started  time.Time
+	until    time.Time // zero: until the user quits
+
+	sort      sortKey
+	asc       bool
+	filter    string
+	editing   bool // typing a filter
+	draft     string
+	selected  int
+	width     int
+	height    int
+	err       error
+	lastStats bpf.Stats
+}
+
+var (
+	titleStyle  = lipgloss.NewStyle().Bold(true).Foreground(lipgloss.Color("12"))
+	headerStyle = lipgloss.NewStyle().Bold(true).Underline(true)
+	selStyle    = lipgloss.NewStyle().Reverse(true)
+	dimStyle    = lipgloss.NewStyle().Faint(true)
+	warnStyle   = lipgloss.NewStyle().Foreground(lipgloss.Color("9")).Bold(true)
+)
+
+func (m *model) Init() tea.Cmd {
+	return tea.Batch(m.wait(), m.tick())
+}
+
+// wait blocks for the next event, then takes whatever else is queued so
+// one screen update covers a burst.
+func (m *model) wait() tea.Cmd {
+	return func() tea.Msg {
+		ev, ok := <-m.src
+		if !ok {
+			return readErr{<-m.errc}
+		}
+		batch := eventsMsg{ev}
+		for len(batch) < 4096 {
+			select {
+			case ev, ok := <-m.src:
+				if !ok {
+					return batch
+				}
+				batch = append(batch, ev)
+			default:
+				return batch
+			}
+		}
+		return batch
+	}
+}
+
+func (m *model) tick() tea.Cmd {
+	return tea.Tick(m.interval, func(t time.Time) tea.Msg { return tickMsg(t) })
+}
+
+func (m *model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg := msg.(type) {
+	case eventsMsg:
+		for _, ev := range msg {
+			m.st.add(ev)
+		}
+		return m, m.wait()
+	case readErr:
+		m.err = msg.err
+		return m, nil
+	case tickMsg:
+		now := time.Time(msg)
+		m.st.tick(now)
+		if s, err := m.tr.Stats(); err == nil {
+			m.lastStats = s
+		}
+		if !m.until.IsZero() && !now.Before(m.until) {
+			return m, tea.Quit
+		}
+		return m, m.tick()
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+		return m, nil
+	case tea.KeyMsg:
+		return m.key(msg)
+	}
+	return m, nil
+}
+
+func (m *model) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
+	// Keys typed faster than the terminal is read arrive as one message
+	// ("/abc"); take them one at a time so "/" still opens the filter.
+	if k.Type == tea.KeyRunes && len(k.Runes) > 1 && !k.Paste {
+		var cmds []tea.Cmd
+		for _, r := range k.Runes {
+			_, cmd := m.key(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune{r}, Alt: k.Alt})
+			cmds = append(cmds, cmd)
+		}
+		return m, tea.Batch(cmds...)
+	}
+	if m.editing {
+		switch k.Type {
+		case tea.KeyEnter:
+			m.filter, m.editing = m.draft, false
+		case tea.KeyEsc:
+			m.editing = false
+		case tea.KeyBackspace:
+			if m.draft != "" {
+				m.draft = m.draft[:len(m.draft)-1]
+			}
+		case tea.KeyRunes, tea.KeySpace:
+			m.draft += string(k.Runes)
+		case tea.KeyCtrlC:
+			return m, tea.Quit
+		}
+		return m, nil
+	}
+	switch k.String() {
+	case "q", "ctrl+c":
+		return m, tea.Quit
+	case "s":
+		m.sort = (m.sort + 1) % numSortKeys
+	case "S":
+		m.sort = (m.sort + numSortKeys - 1) % numSortKeys
+	case "r":
+		m.asc = !m.asc
+	case "/":
+		m.editing, m.draft = true, m.filter
+	case "esc", "c":
+		m.filter = ""
+	case "up", "k":
+		m.selected = max(m.selected-1, 0)
+	case "down", "j":
+		m.selected++
+	}
+	return m, nil
+}
+
+func (m *model) View() string {
+	var b strings.Builder
+	up := time.Since(m.started).Truncate(time.Second)
+	fmt.Fprintf(&b, "%s  %s  up %s  events %d  lost %d\n",
+		titleStyle.Render("rdmatrace — memory registration, live"), m.scope, up, m.st.events, m.lastStats.Lost)
+	fmt.Fprintf(&b, "%s\n", dimStyle.Render("probes: "+m.probes))
+	dir := "▼"
+	if m.asc {
+		dir = "▲"
+	}
+	filter := m.filter
+	if m.editing {
+		filter = m.draft + "█"
+	}
+	if filter == "" {
+		filter = "(none)"
+	}
+	fmt.Fprintf(&b, "sort: %s %s   filter: %s   %s\n\n", m.sort, dir, filter,
+		dimStyle.Render("[s/S] sort  [r] reverse  [/] filter  [c] clear  [↑↓] select  [q] quit"))
+
+	rows := m.st.rows(m.sort, m.asc, m.filter)
+	header := fmt.Sprintf("%7s  %-15s %8s %8s %6s %8s %11s %10s %9s %9s %5s",
+		"PID", "COMM", "REG/s", "REGS", "FAIL", "DEREGS", "REGISTERED", "LIVE", "p50", "p99", "ENL")
+	b.WriteString(headerStyle.Render(header) + "\n")
+	if len(rows) == 0 {
+		b.WriteString(dimStyle.Render("  no registrations seen yet") + "\n")
+	}
+	m.selected = min(m.selected, max(len(rows)-1, 0))
+	for i, p := range rows {
+		live := humanBytes(p.Live())
+		if p.releasedUnseen {
+			live += "*"
+		}
+		line := fmt.Sprintf("%7d  %-15s %8.1f %8d %6d %8d %11s %10s %9s %9s %5d",
+			p.PID, p.Comm, p.Rate, p.Regs, p.RegFails, p.Deregs, humanBytes(p.Registered), live,
+			humanDuration(p.Percentile(0.50)), humanDuration(p.Percentile(0.99)), p.Enlargements)
+		if i == m.selected {
+			line = selStyle.Render(line)
+		}
+		b.WriteString(line + "\n")
+	}
+	if len(rows) > 0 {
+		b.WriteString("\n" + m.histogram(rows[m.selected]))
+	}
+	b.WriteString("\n" + m.enlargements())
+	if m.err != nil {
+		b.WriteString("\n" + warnStyle.Render("tracer stopped: "+m.err.Error()) + "\n")
+	}
+	return b.String()
+}
+
+func (m *model) histogram(p *proc) string {
+	var b strings.Builder
+	n := uint64(0)
+	lo, hi := -1, -1
+	for i, c := range p.Hist {
+		if c > 0 {
+			if lo < 0 {
+				lo = i
+			}
+			hi = i
+		}
+		n += c
+	}
+	fmt.Fprintf(&b, "%s\n", headerStyle.Render(fmt.Sprintf("registration latency, pid %d (%s): %d calls, p50 %s, p99 %s (last %d)",
+		p.PID, p.Comm, n, humanDuration(p.Percentile(0.5)), humanDuration(p.Percentile(0.99)), latencyWindow)))
+	if lo < 0 {
+		return b.String()
+	}
+	var peak uint64
+	for _, c := range p.Hist[lo : hi+1] {
+		peak = max(peak, c)
+	}
+	const barWidth = 40
+	for i := lo; i <= hi; i++ {
+		c := p.Hist[i]
+		bar := strings.Repeat("█", int((c*barWidth+peak-1)/peak))
+		fmt.Fprintf(&b, "  %9s – %-9s %-*s %d\n",
+			humanDuration(time.Duration(1)<<i), humanDuration(time.Duration(1)<<(i+1)), barWidth, bar, c)
+	}
+	return b.String()
+}
+
+func (m *model) enlargements() string {
+	var b strings.Builder
+	b.WriteString(headerStyle.Render("recent enlargements") + "\n")
+	enl := m.st.enl
+	if len(enl) == 0 {
+		b.WriteString(dimStyle.Render("  none seen (rdmagrpc's conn.enlargementMarker; needs --binary or --pid)") + "\n")
+		return b.String()
+	}
+	show := 8
+	if m.height > 0 {
+		show = max(3, min(show, m.height/4))
+	}
+	for i := len(enl) - 1; i >= 0 && i >= len(enl)-show; i-- {
+		ev := enl[i]
+		fmt.Fprintf(&b, "  %s  pid %-7d %-15s conn %#-18x %9s → %-9s took %-9s outcome %d\n",
+			ev.Time.Format("15:04:05.000"), ev.PID, ev.Comm, ev.ConnID,
+			humanBytes(uint64(ev.FromSize)), humanBytes(uint64(ev.ToSize)),
+			humanDuration(ev.EnlargeDuration), ev.Outcome)
+	}
+	return b.String()
+}
