@@ -75,6 +75,23 @@ type Device interface {
 // (rdma_cm allows 56 bytes on RC connect over RoCE/IB).
 const MaxPrivateData = 56
 
+// Private data arrives zero-padded to the size of the IB CM message that
+// carried it, as rdma_rxe and real HCAs deliver it: what the peer sent is a
+// prefix, so protocols must carry their own length. Every provider pads to
+// these lengths.
+const (
+	PrivateLenConnect = 56  // REQ
+	PrivateLenAccept  = 196 // REP
+	PrivateLenReject  = 148 // REJ
+)
+
+// PadPrivate returns p zero-padded to n bytes (a copy; p is not changed).
+func PadPrivate(p []byte, n int) []byte {
+	out := make([]byte, max(n, len(p)))
+	copy(out, p)
+	return out
+}
+
 // PD is a protection domain. An rkey is valid only for QPs of the PD that
 // registered it.
 type PD interface {

@@ -259,7 +259,9 @@ type connReq struct {
 	used atomic.Bool
 }
 
-func (r *connReq) PeerPrivate() []byte { return r.info.private }
+func (r *connReq) PeerPrivate() []byte {
+	return transport.PadPrivate(r.info.private, transport.PrivateLenConnect)
+}
 
 func (r *connReq) RemoteAddr() net.Addr {
 	return &Addr{IP: r.info.addr.Addr(), Port: int(r.info.addr.Port())}
@@ -338,7 +340,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		}
 		return fail(fmt.Errorf("waiting for the connection to be established: %w", err))
 	}
-	q.start(r.conn, p, local, r.RemoteAddr(), r.info.private)
+	q.start(r.conn, p, local, r.RemoteAddr(), r.PeerPrivate())
 	return q, nil
 }
 
@@ -409,8 +411,9 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 		closeFDs(rfds)
 		var priv []byte
 		if len(b) >= 2 && int(b[1]) <= len(b)-2 {
-			priv = append([]byte(nil), b[2:2+int(b[1])]...)
+			priv = b[2 : 2+int(b[1])]
 		}
+		priv = transport.PadPrivate(priv, transport.PrivateLenReject)
 		fail(nil)
 		return nil, &transport.RejectError{Addr: addr, Private: priv}
 	case msgAccept:
@@ -431,7 +434,7 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if err := writeMsg(c, []byte{msgReady}); err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
-	q.start(c, p, local, remote, info.private)
+	q.start(c, p, local, remote, transport.PadPrivate(info.private, transport.PrivateLenAccept))
 	return q, nil
 }
 

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -335,7 +336,7 @@ func TestConnectErrors(t *testing.T) {
 	// A wildcard listener is reachable through 127.0.0.1.
 	_, err = s.dev.Connect(ctx, "127.0.0.1:"+port, s.cfg(), nil)
 	var rej *transport.RejectError
-	if !errors.As(err, &rej) || string(rej.Private) != "go away" {
+	if !errors.As(err, &rej) || string(bytes.TrimRight(rej.Private, "\x00")) != "go away" || len(rej.Private) != transport.PrivateLenReject {
 		t.Fatalf("reject: %v", err)
 	}
 	if _, err := s.dev.Connect(ctx, "127.0.0.1:2", s.cfg(), make([]byte, transport.MaxPrivateData+1)); err == nil {

@@ -136,7 +136,7 @@ func TestCrossProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	priv := s.qp.PeerPrivate()
-	if len(priv) != 12 {
+	if len(priv) != transport.PrivateLenAccept {
 		t.Fatalf("private %x", priv)
 	}
 	raddr, rkey := binary.LittleEndian.Uint64(priv), binary.LittleEndian.Uint32(priv[8:])

@@ -91,7 +91,7 @@ func pair(t testing.TB, mod func(c, s *transport.QPConfig)) (cli, srv *side) {
 			errc <- err
 			return
 		}
-		if string(r.PeerPrivate()) != "hello" {
+		if string(bytes.TrimRight(r.PeerPrivate(), "\x00")) != "hello" || len(r.PeerPrivate()) != transport.PrivateLenConnect {
 			errc <- errors.New("wrong connect private data " + string(r.PeerPrivate()))
 			return
 		}
@@ -105,7 +105,7 @@ func pair(t testing.TB, mod func(c, s *transport.QPConfig)) (cli, srv *side) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if string(cli.qp.PeerPrivate()) != "welcome" {
+	if string(bytes.TrimRight(cli.qp.PeerPrivate(), "\x00")) != "welcome" || len(cli.qp.PeerPrivate()) != transport.PrivateLenAccept {
 		t.Fatalf("accept private data %q", cli.qp.PeerPrivate())
 	}
 	return cli, srv
