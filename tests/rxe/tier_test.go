@@ -14,7 +14,31 @@ import (
 // built on the host with `go test -c` and run inside the guest, where
 // rxe0 exists. RDMAGRPC_RXE_PKGS overrides the list (space-separated,
 // relative to the module root).
-const defaultGuestPkgs = "./transport/verbs/"
+const defaultGuestPkgs = "./transport/verbs/ ./bpf/"
+
+// guestHelpers are C programs a package's guest tests need (the guest has
+// no compiler): built on the host against libibverbs, copied into
+// /rxe/bin, and named to the test binary by an environment variable.
+var guestHelpers = map[string][]struct{ src, env string }{
+	"./bpf/": {{"bpf/testdata/ibvreg/ibvreg.c", "RDMATRACE_IBVREG"}},
+}
+
+// buildHelpers compiles pkg's guest helpers into dir and returns the
+// files to copy and the environment naming them.
+func buildHelpers(t *testing.T, root, pkg, dir string) (files []string, env []string) {
+	t.Helper()
+	for _, h := range guestHelpers[pkg] {
+		name := strings.TrimSuffix(filepath.Base(h.src), ".c")
+		out := filepath.Join(dir, name)
+		cmd := exec.Command("cc", "-O1", "-o", out, filepath.Join(root, h.src), "-libverbs")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("cc %s: %v\n%s", h.src, err, b)
+		}
+		files = append(files, out)
+		env = append(env, h.env+"="+GuestBin+"/"+name)
+	}
+	return files, env
+}
 
 // pairTests selects the tests of a package binary that need two hosts;
 // they run in both guests of a pair (RXE_ROLE=a serves, b dials RXE_PEER).
@@ -76,11 +100,13 @@ func TestPackagesInGuest(t *testing.T) {
 				t.Skipf("%s has no tests", pkg)
 			}
 			name := filepath.Base(bin)
+			helpers, env := buildHelpers(t, root, pkg, dir)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			r, err := img.RunOne(ctx, Payload{
-				Files: Files(bin),
+				Files: Files(append([]string{bin}, helpers...)...),
 				Args:  []string{name, "-test.v", "-test.count=1", "-test.timeout=8m"},
+				Env:   env,
 			})
 			t.Logf("%s in one guest: exit %d, boot %v, run %v", name, r.ExitCode, r.Boot.Round(time.Millisecond), r.Run.Round(time.Millisecond))
 			if err != nil {
