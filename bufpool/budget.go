@@ -1,0 +1,111 @@
+package bufpool
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrBudget is returned, wrapped with the figures, when registering more
+// memory would exceed the registered-memory budget.
+var ErrBudget = errors.New("bufpool: registered-memory budget exceeded")
+
+// BudgetEnv is the environment variable Default reads its limit from.
+const BudgetEnv = "RDMAGRPC_REG_BUDGET"
+
+// DefaultBudget is the limit of Default when BudgetEnv is unset: enough for
+// thousands of connections in the small phase, small enough that a leak
+// shows up as ErrBudget long before the host runs out of pinnable memory.
+const DefaultBudget = 1 << 30
+
+// Budget bounds the bytes registered by all pools that share it. Registered
+// memory is pinned: it can neither be swapped nor reclaimed, so it is the
+// resource a process must ration, not the Go heap.
+type Budget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+// NewBudget returns a budget of limit bytes; limit <= 0 means unlimited.
+func NewBudget(limit int64) *Budget {
+	if limit < 0 {
+		limit = 0
+	}
+	return &Budget{limit: limit}
+}
+
+var defaultBudget = sync.OnceValue(func() *Budget {
+	v, ok := os.LookupEnv(BudgetEnv)
+	if !ok {
+		return NewBudget(DefaultBudget)
+	}
+	n, err := ParseSize(v)
+	if err != nil {
+		// A typo must not silently mean "unlimited": say so once and
+		// keep the safe default.
+		log.Printf("bufpool: ignoring %s=%q: %v; using the default of %d bytes", BudgetEnv, v, err, DefaultBudget)
+		return NewBudget(DefaultBudget)
+	}
+	return NewBudget(n)
+})
+
+// Default returns the process-wide budget. Its limit comes from the
+// environment variable RDMAGRPC_REG_BUDGET (bytes, with an optional k, m or
+// g suffix, powers of 1024; 0 means unlimited), read once, else 1 GiB.
+func Default() *Budget { return defaultBudget() }
+
+// Limit returns the limit in bytes, 0 when unlimited.
+func (b *Budget) Limit() int64 { return b.limit }
+
+// Used returns the bytes currently registered by all pools using b.
+func (b *Budget) Used() int64 { return b.used.Load() }
+
+// reserve charges n bytes or returns an error wrapping ErrBudget.
+func (b *Budget) reserve(n int64) error {
+	for {
+		used := b.used.Load()
+		if b.limit > 0 && used+n > b.limit {
+			return fmt.Errorf("%w: need %d, used %d of %d", ErrBudget, n, used, b.limit)
+		}
+		if b.used.CompareAndSwap(used, used+n) {
+			return nil
+		}
+	}
+}
+
+func (b *Budget) release(n int64) { b.used.Add(-n) }
+
+// ParseSize parses a byte count with an optional k, m or g suffix (powers
+// of 1024, case-insensitive, an optional trailing "b" or "ib").
+func ParseSize(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	t = strings.TrimSuffix(t, "ib")
+	t = strings.TrimSuffix(t, "b")
+	mult := int64(1)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'k':
+			mult = 1 << 10
+		case 'm':
+			mult = 1 << 20
+		case 'g':
+			mult = 1 << 30
+		}
+		if mult != 1 {
+			t = t[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("bufpool: size %q: want a non-negative number of bytes with an optional k, m or g suffix", s)
+	}
+	if v > (1<<63-1)/mult {
+		return 0, fmt.Errorf("bufpool: size %q overflows", s)
+	}
+	return v * mult, nil
+}
