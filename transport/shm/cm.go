@@ -186,10 +186,13 @@ func (l *listener) acceptLoop() {
 // handshake reads the connect request and hands it to Accept.
 func (l *listener) handshake(c *net.UnixConn) {
 	defer l.wg.Done()
+	handedOver := false
 	defer func() {
-		l.mu.Lock()
-		delete(l.pending, c)
-		l.mu.Unlock()
+		if !handedOver {
+			l.mu.Lock()
+			delete(l.pending, c)
+			l.mu.Unlock()
+		}
 	}()
 	l.mu.Lock()
 	select {
@@ -215,6 +218,12 @@ func (l *listener) handshake(c *net.UnixConn) {
 		c.Close()
 		return
 	}
+	// From here the socket may become a live QP's: Close must no longer
+	// touch its deadline, so it leaves the pending set first.
+	l.mu.Lock()
+	delete(l.pending, c)
+	l.mu.Unlock()
+	handedOver = true
 	c.SetReadDeadline(time.Time{})
 	r := &connReq{l: l, conn: c, info: info, fds: fds}
 	select {

@@ -222,3 +222,19 @@ func TestWriteRead(t *testing.T) {
 		t.Fatalf("%+v", rc)
 	}
 }
+
+// Closing the listener right after Accept must not cut the connection it
+// just handed over (its socket used to get the listener's unblocking
+// deadline).
+func TestListenerCloseAfterAccept(t *testing.T) {
+	for i := range 40 {
+		cli, srv := pair(t, nil) // pair closes its listener as soon as Accept returns
+		time.Sleep(2 * time.Millisecond)
+		if cs, ss := cli.qp.State(), srv.qp.State(); cs == transport.QPSErr || ss == transport.QPSErr {
+			t.Fatalf("iteration %d: connection cut by listener Close: client %v, server %v", i, cs, ss)
+		}
+		cli.qp.Close()
+		srv.qp.Close()
+		cli.qp, srv.qp = nil, nil
+	}
+}
