@@ -179,7 +179,10 @@ func (q *qp) execute(op *sendOp) (transport.Status, time.Duration) {
 func (q *qp) execSend(op *sendOp) (transport.Status, time.Duration) {
 	src, total, ok := q.localSegs(op, false)
 	if !ok {
-		return transport.StatusLocProtErr, 0
+		// rxe (6.1) reports a bad lkey in a send's gather list as a local
+		// QP operation error; HCAs say local protection error. rxe is the
+		// reference here (transporttest LocalProtection).
+		return transport.StatusLocQPOpErr, 0
 	}
 	slot, st, wait := q.claimRecv(op)
 	if st != transport.StatusSuccess || wait > 0 {
@@ -195,8 +198,10 @@ func (q *qp) execSend(op *sendOp) (transport.Status, time.Duration) {
 		return transport.StatusRemOpErr, 0
 	}
 	if total > room {
-		q.failResponder(slot, transport.StatusLocLenErr)
-		return transport.StatusRemInvReqErr, 0
+		// rxe (6.1): the responder's receive fails with a local QP
+		// operation error and NAKs a remote operational error.
+		q.failResponder(slot, transport.StatusLocQPOpErr)
+		return transport.StatusRemOpErr, 0
 	}
 	scatter(dst, src)
 	wc := transport.WorkCompletion{Opcode: transport.WCRecv, ByteLen: uint32(total)}
@@ -210,7 +215,7 @@ func (q *qp) execSend(op *sendOp) (transport.Status, time.Duration) {
 func (q *qp) execWrite(op *sendOp) (transport.Status, time.Duration) {
 	src, total, ok := q.localSegs(op, false)
 	if !ok {
-		return transport.StatusLocProtErr, 0
+		return transport.StatusLocQPOpErr, 0 // as execSend
 	}
 	imm := op.wr.Opcode == transport.OpWriteWithImm
 	var slot uint64

@@ -92,9 +92,9 @@ func TestSendTooLong(t *testing.T) {
 	cli, srv := pair(t, nil)
 	srv.qp.PostRecv(transport.RecvWR{ID: 1, SG: srv.sge(0, 4)}, transport.RecvWR{ID: 2, SG: srv.sge(0, 4)})
 	cli.qp.PostSend(transport.SendWR{ID: 5, Opcode: transport.OpSend, SG: cli.sge(0, 5)})
-	wantStatus(t, poll(t, cli.scq, 1)[0], transport.StatusRemInvReqErr)
+	wantStatus(t, poll(t, cli.scq, 1)[0], transport.StatusRemOpErr)
 	rc := poll(t, srv.rcq, 2)
-	if rc[0].ID != 1 || rc[0].Status != transport.StatusLocLenErr || rc[1].ID != 2 || rc[1].Status != transport.StatusWRFlushErr {
+	if rc[0].ID != 1 || rc[0].Status != transport.StatusLocQPOpErr || rc[1].ID != 2 || rc[1].Status != transport.StatusWRFlushErr {
 		t.Fatalf("%+v", rc)
 	}
 	waitState(t, cli.qp, transport.QPSErr)
@@ -108,7 +108,7 @@ func TestLocalProtErr(t *testing.T) {
 	sg[0].LKey ^= 0x11
 	cli.qp.PostSend(transport.SendWR{ID: 3, Opcode: transport.OpSend, SG: sg})
 	wc := poll(t, cli.scq, 1)[0]
-	wantStatus(t, wc, transport.StatusLocProtErr)
+	wantStatus(t, wc, transport.StatusLocQPOpErr)
 	waitState(t, cli.qp, transport.QPSErr)
 	if srv.qp.State() != transport.QPSRTS {
 		t.Fatalf("responder state %v", srv.qp.State())
