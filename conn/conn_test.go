@@ -1,0 +1,40 @@
+package conn
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/net/nettest"
+)
+
+func pipe(t testing.TB, opts ...Option) (c1, c2 net.Conn, stop func(), err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := Listen(ctx, "127.0.0.1:0", opts...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer l.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { c, err := l.Accept(); ch <- res{c, err} }()
+	c1, err = Dial(ctx, l.Addr().String(), opts...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r := <-ch
+	if r.err != nil {
+		c1.Close()
+		return nil, nil, nil, r.err
+	}
+	return c1, r.c, func() { c1.Close(); r.c.Close() }, nil
+}
+
+func TestNettest(t *testing.T) {
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return pipe(t) })
+}

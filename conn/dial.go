@@ -1,0 +1,157 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+func buildOptions(opts []Option) (*options, error) {
+	o := defaults()
+	for _, f := range opts {
+		f(&o)
+	}
+	return &o, o.validate()
+}
+
+// Dial connects to an rdmagrpc listener at addr ("host:port").
+func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	name, dev, err := pickProvider(o)
+	if err != nil {
+		return nil, err
+	}
+	c, cfg, err := newConn(name, dev, o)
+	if err != nil {
+		return nil, err
+	}
+	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
+	if err != nil {
+		c.release()
+		return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
+	}
+	c.qp = qp
+	peer, err := decodeHello(qp.PeerPrivate())
+	if err == nil {
+		err = c.start(qp, peer)
+	}
+	if err != nil {
+		c.release()
+		return nil, &net.OpError{Op: "dial", Net: "rdma", Addr: qp.RemoteAddr(), Err: err}
+	}
+	return c, nil
+}
+
+// Dialer returns a dial function for grpc.WithContextDialer.
+func Dialer(opts ...Option) func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) { return Dial(ctx, addr, opts...) }
+}
+
+// Listener accepts rdmagrpc connections; it implements net.Listener.
+type Listener struct {
+	l      transport.Listener
+	dev    transport.Device
+	name   string
+	o      *options
+	conns  chan *Conn
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// Listen listens on addr ("host:port"; port 0 picks one, see Addr).
+func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, error) {
+	o, err := buildOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	name, dev, err := pickProvider(o)
+	if err != nil {
+		return nil, err
+	}
+	tl, err := dev.Listen(addr)
+	if err != nil {
+		return nil, &net.OpError{Op: "listen", Net: "rdma", Err: err}
+	}
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l := &Listener{l: tl, dev: dev, name: name, o: o, conns: make(chan *Conn), ctx: lctx, cancel: cancel}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		req, err := l.l.Accept(l.ctx)
+		if err != nil {
+			return
+		}
+		l.wg.Add(1)
+		go l.handshake(req)
+	}
+}
+
+// handshake answers one request; a bad one is rejected, never fatal to
+// the listener.
+func (l *Listener) handshake(req transport.ConnRequest) {
+	defer l.wg.Done()
+	peer, err := decodeHello(req.PeerPrivate())
+	if err != nil {
+		req.Reject(nil)
+		return
+	}
+	c, cfg, err := newConn(l.name, l.dev, l.o)
+	if err != nil {
+		req.Reject(nil)
+		return
+	}
+	qp, err := req.Accept(l.ctx, cfg, c.hello().encode())
+	if err != nil {
+		c.release()
+		return
+	}
+	c.qp = qp
+	if err := c.start(qp, peer); err != nil {
+		c.release()
+		return
+	}
+	select {
+	case l.conns <- c:
+	case <-l.ctx.Done():
+		c.Close()
+	}
+}
+
+// Accept waits for the next connection.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.ctx.Done():
+		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.Addr(), Err: net.ErrClosed}
+	}
+}
+
+// Close stops listening; connections already accepted stay open.
+func (l *Listener) Close() error {
+	err := net.ErrClosed
+	l.once.Do(func() {
+		l.cancel()
+		err = l.l.Close()
+		l.wg.Wait()
+	})
+	if err != nil {
+		return fmt.Errorf("conn: close listener: %w", err)
+	}
+	return nil
+}
+
+func (l *Listener) Addr() net.Addr { return l.l.Addr() }

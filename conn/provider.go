@@ -1,0 +1,65 @@
+package conn
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm" // the default where no RDMA device exists
+)
+
+// Devices are opened once per provider and shared by every connection of
+// the process, as one ibv_context is.
+var (
+	devMu   sync.Mutex
+	devices = map[string]transport.Device{}
+	logOnce sync.Once
+)
+
+func device(name string) (transport.Device, error) {
+	devMu.Lock()
+	defer devMu.Unlock()
+	if d, ok := devices[name]; ok {
+		return d, nil
+	}
+	p, err := transport.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	d, err := p.Open("")
+	if err != nil {
+		return nil, fmt.Errorf("conn: open %s device: %w", name, err)
+	}
+	devices[name] = d
+	return d, nil
+}
+
+// pickProvider: the option, else RDMAGRPC_PROVIDER, else verbs when a
+// usable device exists (and transport/verbs was imported), else shm.
+func pickProvider(o *options) (string, transport.Device, error) {
+	name, why := o.provider, "option"
+	if name == "" {
+		name, why = os.Getenv("RDMAGRPC_PROVIDER"), "RDMAGRPC_PROVIDER"
+	}
+	if name == "" {
+		name, why = "shm", "no usable RDMA device"
+		if _, err := transport.Get("verbs"); err == nil {
+			if _, err := device("verbs"); err == nil {
+				name, why = "verbs", "RDMA device found"
+			} else if !errors.Is(err, transport.ErrUnavailable) {
+				why = err.Error()
+			}
+		}
+	}
+	d, err := device(name)
+	if err != nil {
+		return "", nil, err
+	}
+	logOnce.Do(func() {
+		slog.Info("rdmagrpc: transport provider chosen", "provider", name, "why", why, "device", d.Name())
+	})
+	return name, d, nil
+}
