@@ -1,0 +1,246 @@
+package conn_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/interop"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+
+	"github.com/rdmagrpc/rdmagrpc/conn"
+)
+
+const (
+	envServer = "RDMAGRPC_CONN_TEST_SERVER"
+	bigMsg    = 4 << 20
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envServer) != "" {
+		os.Exit(serveUntilStdinCloses())
+	}
+	os.Exit(m.Run())
+}
+
+func newServer() *grpc.Server {
+	s := grpc.NewServer(grpc.MaxRecvMsgSize(2*bigMsg), grpc.MaxSendMsgSize(2*bigMsg))
+	testgrpc.RegisterTestServiceServer(s, interop.NewTestServer())
+	return s
+}
+
+// serveUntilStdinCloses is the server process of the two-process test: it
+// prints its address, serves, and stops gracefully when stdin closes.
+func serveUntilStdinCloses() int {
+	l, err := conn.Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	s := newServer()
+	go s.Serve(l)
+	fmt.Println(l.Addr().String())
+	io.Copy(io.Discard, os.Stdin)
+	s.GracefulStop()
+	return 0
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithContextDialer(conn.Dialer()),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2*bigMsg), grpc.MaxCallSendMsgSize(2*bigMsg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// rpcs is the list every setup runs: grpc-go's interop cases for a
+// plaintext transport, then large messages, many concurrent streams and
+// deadlines.
+func rpcs(t *testing.T, cc *grpc.ClientConn) {
+	tc := testgrpc.NewTestServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, c := range []struct {
+		name string
+		f    func()
+	}{
+		{"EmptyUnary", func() { interop.DoEmptyUnaryCall(ctx, tc) }},
+		{"LargeUnary", func() { interop.DoLargeUnaryCall(ctx, tc) }},
+		{"ClientStreaming", func() { interop.DoClientStreaming(ctx, tc) }},
+		{"ServerStreaming", func() { interop.DoServerStreaming(ctx, tc) }},
+		{"PingPong", func() { interop.DoPingPong(ctx, tc) }},
+		{"EmptyStream", func() { interop.DoEmptyStream(ctx, tc) }},
+		{"TimeoutOnSleepingServer", func() { interop.DoTimeoutOnSleepingServer(ctx, tc) }},
+		{"CancelAfterBegin", func() { interop.DoCancelAfterBegin(ctx, tc) }},
+		{"CancelAfterFirstResponse", func() { interop.DoCancelAfterFirstResponse(ctx, tc) }},
+		{"CustomMetadata", func() { interop.DoCustomMetadata(ctx, tc) }},
+		{"StatusCodeAndMessage", func() { interop.DoStatusCodeAndMessage(ctx, tc) }},
+		{"SpecialStatusMessage", func() { interop.DoSpecialStatusMessage(ctx, tc) }},
+		{"UnimplementedMethod", func() { interop.DoUnimplementedMethod(ctx, cc) }},
+		{"UnimplementedService", func() { interop.DoUnimplementedService(ctx, testgrpc.NewUnimplementedServiceClient(cc)) }},
+		{"Unary4MiB", func() { unaryBig(t, ctx, tc) }},
+		{"ConcurrentStreams100", func() { concurrentStreams(t, ctx, tc, 100) }},
+		{"Deadline", func() { deadline(t, tc) }},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.f() })
+	}
+}
+
+func unaryBig(t *testing.T, ctx context.Context, tc testgrpc.TestServiceClient) {
+	body := bytes.Repeat([]byte("rdmagrpc"), bigMsg/8)
+	resp, err := tc.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: bigMsg, Payload: &testpb.Payload{Body: body}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(resp.GetPayload().GetBody()); n != bigMsg {
+		t.Fatalf("response of %d bytes, want %d", n, bigMsg)
+	}
+}
+
+func concurrentStreams(t *testing.T, ctx context.Context, tc testgrpc.TestServiceClient, n int) {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			st, err := tc.FullDuplexCall(ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for j := range 5 {
+				size := int32(1 + (i*131+j*977)%40000) // below and above a slot
+				if err := st.Send(&testpb.StreamingOutputCallRequest{ResponseParameters: []*testpb.ResponseParameters{{Size: size}}}); err != nil {
+					errs <- err
+					return
+				}
+				r, err := st.Recv()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(r.GetPayload().GetBody()) != int(size) {
+					errs <- fmt.Errorf("stream %d: %d bytes, want %d", i, len(r.GetPayload().GetBody()), size)
+					return
+				}
+			}
+			st.CloseSend()
+			if _, err := st.Recv(); err != io.EOF {
+				errs <- fmt.Errorf("stream %d end: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func deadline(t *testing.T, tc testgrpc.TestServiceClient) {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	st, err := tc.FullDuplexCall(ctx) // the server waits for us: only the deadline ends it
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if err == nil || !strings.Contains(err.Error(), "DeadlineExceeded") {
+		t.Fatalf("stream past its deadline: %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestGRPCOneProcess(t *testing.T) {
+	l, err := conn.Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newServer()
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(l) }()
+	rpcs(t, dial(t, l.Addr().String()))
+	// GracefulStop waits for an open stream to finish.
+	cc := dial(t, l.Addr().String())
+	st, err := testgrpc.NewTestServiceClient(cc).FullDuplexCall(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&testpb.StreamingOutputCallRequest{ResponseParameters: []*testpb.ResponseParameters{{Size: 10}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() { s.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("GracefulStop returned with a stream open")
+	case <-time.After(100 * time.Millisecond):
+	}
+	st.CloseSend()
+	st.Recv()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("GracefulStop did not return once the stream ended")
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+}
+
+func TestGRPCTwoProcesses(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envServer+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("server process address: %v", err)
+	}
+	addr = strings.TrimSpace(addr)
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		t.Fatalf("server process printed %q", addr)
+	}
+	cc := dial(t, addr)
+	rpcs(t, cc)
+	cc.Close()
+	stdin.Close() // the server stops gracefully
+	errc := make(chan error, 1)
+	go func() { errc <- cmd.Wait() }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("server process: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("server process did not stop")
+	}
+}
