@@ -15,59 +15,89 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// Work request ids: data sends carry their sequence number; control
-// messages have the top bit set.
-const ctlID = 1 << 63
+// Work request ids: zero-length control messages, control records, and
+// data (ring bit, then the data sequence number).
+const (
+	idCtl    = 1 << 63
+	idRecord = 1 << 62
+	idRing   = 61
+)
 
 var connIDs atomic.Uint64
 
-// Conn is an RDMA connection. It implements net.Conn; Stats and CloseWrite
-// are its additions.
+// rxRing is a ring the peer writes into.
+type rxRing struct {
+	buf     *bufpool.Buffer
+	size    int
+	count   int
+	arrived uint64 // messages landed: the next one takes slot arrived%count
+	inUse   int    // landed and not yet consumed
+	freed   int    // consumed, credit not yet returned
+}
+
+// txRing is a ring of the peer's we write into, with our staging for it.
+type txRing struct {
+	addr       uint64
+	rkey       uint32
+	size       int
+	count      int
+	msgs       uint64 // messages posted into the peer's ring
+	credits    int
+	stage      *bufpool.Buffer
+	stageSize  int
+	stageSlots int    // staging slots for data
+	seq, done  uint64 // data messages posted and completed
+}
+
+// Conn is an RDMA connection. It implements net.Conn; Stats, CloseWrite
+// and WriteBuffers are its additions.
 type Conn struct {
 	id       uint64
 	provider string
+	o        *options
 	qp       transport.QP
 	pd       transport.PD
 	cq       transport.CQ
 	pool     *bufpool.Pool
-	ring     *bufpool.Buffer // the peer writes here
-	stage    *bufpool.Buffer // we copy here before writing to the peer
-	slotSize int             // of our ring and staging
-	slots    int
-	peer     hello
 
 	rmu, wmu sync.Mutex // one reader, one writer at a time
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every state change
-	// sending
-	credits    int    // free slots of the peer's ring
-	sendSeq    uint64 // data messages posted
-	sendsDone  uint64 // data messages completed
-	ctlPending int    // control messages posted, not completed
-	creditOut  bool   // a credit message is in flight
-	wclosed    bool
-	// receiving
-	recvLens []int  // lengths of filled slots, oldest first
-	recvSeq  uint64 // messages consumed
-	readOff  int
-	freed    int // slots consumed, not yet returned to the peer
-	eofIn    bool
+	rx      [2]rxRing
+	tx      [2]txRing
+	sending int // the ring data goes to: small, then large once enlarged
+	recvQ   []entry
+	readOff int
+	// control traffic
+	ctlPending int  // zero-length messages in flight
+	creditOut  bool // a credit message is in flight
+	recordOut  bool // the control record staging slot is in use
+	enl        enlargement
 	// lifecycle
-	closed bool
-	err    error
-	rdl    time.Time
-	wdl    time.Time
-	st     Stats
+	wclosed bool
+	eofIn   bool
+	closed  bool
+	err     error
+	rdl     time.Time
+	wdl     time.Time
+	st      Stats
+	wg      sync.WaitGroup // the enlargement server
 
 	stopPoll context.CancelFunc
 	pollDone chan struct{}
 }
 
+type entry struct {
+	ring uint8
+	slot int32
+	n    int32
+}
+
 // newConn prepares a connection's memory and queues; start finishes it
 // once the QP exists.
 func newConn(provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
-	c = &Conn{id: connIDs.Add(1), provider: provider, slotSize: o.slotSize, slots: o.slotCount, changed: make(chan struct{})}
+	c = &Conn{id: connIDs.Add(1), provider: provider, o: o, changed: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			c.release()
@@ -80,32 +110,45 @@ func newConn(provider string, dev transport.Device, o *options) (c *Conn, cfg tr
 		return nil, cfg, err
 	}
 	size := o.slotSize * o.slotCount
-	if c.ring, err = c.pool.Get(bufpool.Owner(c.id), size, transport.AccessLocalWrite|transport.AccessRemoteWrite); err != nil {
+	ring, err := c.pool.Get(bufpool.Owner(c.id), size, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	if err != nil {
 		return nil, cfg, fmt.Errorf("conn: receive buffers: %w", err)
 	}
-	if c.stage, err = c.pool.Get(bufpool.Owner(c.id), size, transport.AccessLocalWrite); err != nil {
+	c.rx[small] = rxRing{buf: ring, size: o.slotSize, count: o.slotCount}
+	stage, err := c.pool.Get(bufpool.Owner(c.id), size, transport.AccessLocalWrite)
+	if err != nil {
 		return nil, cfg, fmt.Errorf("conn: send buffers: %w", err)
 	}
-	recvs := 2*o.slotCount + 4
-	if c.cq, err = dev.CreateCQ(2 * (recvs + 2*o.slotCount + 8)); err != nil {
+	// The last staging slot holds control records; data uses the others.
+	c.tx[small] = txRing{stage: stage, stageSize: o.slotSize, stageSlots: o.slotCount - 1}
+	recvs := c.recvDepth()
+	if c.cq, err = dev.CreateCQ(2*recvs + 2*o.slotCount + 16); err != nil {
 		return nil, cfg, fmt.Errorf("conn: completion queue: %w", err)
 	}
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
-		MaxSendWR: 2*o.slotCount + 8, MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
+		MaxSendWR: max(o.slotCount, o.largeCount) + 8, MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
 	return c, cfg, nil
 }
 
+// recvDepth: every message (data, record, credit, EOF) consumes a posted
+// receive; data and records are bounded by the credits of both rings,
+// zero-length messages by one credit message and one EOF in flight.
+func (c *Conn) recvDepth() int { return c.o.slotCount + c.o.largeCount + 4 }
+
 func (c *Conn) hello() hello {
-	return hello{ringAddr: c.ring.Addr(), ringRKey: c.ring.RKey(), slotSize: uint32(c.slotSize), slotCount: uint32(c.slots)}
+	r := c.rx[small]
+	return hello{ringAddr: r.buf.Addr(), ringRKey: r.buf.RKey(), slotSize: uint32(r.size), slotCount: uint32(r.count)}
 }
 
 // start posts the receives and starts the completion loop.
 func (c *Conn) start(qp transport.QP, peer hello) error {
-	c.qp, c.peer, c.credits = qp, peer, int(peer.slotCount)
-	for i := range c.qpRecvs() {
+	c.qp = qp
+	t := &c.tx[small]
+	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
+	for i := range c.recvDepth() {
 		if _, err := qp.PostRecv(transport.RecvWR{ID: uint64(i)}); err != nil {
 			return fmt.Errorf("conn: post receives: %w", err)
 		}
@@ -115,11 +158,6 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 	go c.poll(ctx)
 	return nil
 }
-
-func (c *Conn) qpRecvs() int { return 2*c.slots + 4 }
-
-// chunk is the largest message: a slot, ours and the peer's.
-func (c *Conn) chunk() int { return min(c.slotSize, int(c.peer.slotSize)) }
 
 func (c *Conn) broadcastLocked() {
 	close(c.changed)
@@ -174,7 +212,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 		case expired(c.rdl):
 			c.mu.Unlock()
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
-		case len(c.recvLens) > 0:
+		case len(c.recvQ) > 0:
 		case c.eofIn:
 			c.mu.Unlock()
 			return 0, io.EOF
@@ -191,44 +229,66 @@ func (c *Conn) Read(b []byte) (int, error) {
 		}
 		break
 	}
-	n, off := c.recvLens[0], int(c.recvSeq%uint64(c.slots))*c.slotSize
-	src := c.ring.Bytes()[off+c.readOff : off+n]
+	e := c.recvQ[0]
+	r := &c.rx[e.ring]
+	off := int(e.slot) * r.size
+	src := r.buf.Bytes()[off+c.readOff : off+int(e.n)]
 	c.mu.Unlock()
 	k := copy(b, src) // the slot stays ours until its credit goes back
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.readOff += k
 	c.st.BytesIn += uint64(k)
-	if c.readOff == n {
-		c.recvLens = c.recvLens[1:]
-		c.recvSeq++
+	if c.readOff == int(e.n) {
+		c.recvQ = c.recvQ[1:]
 		c.readOff = 0
-		c.freed++
+		r.inUse--
+		r.freed++
 		c.returnCreditsLocked()
 	}
 	return k, nil
 }
 
-// returnCreditsLocked sends freed slots back in a credit message once
-// half the ring is free and no credit message is already on its way
-// (data messages carry credits too).
-func (c *Conn) returnCreditsLocked() {
-	if c.creditOut || c.freed < max(1, c.slots/2) || c.err != nil {
-		return
+// takeCreditsLocked picks freed slots to piggyback on an outgoing message.
+func (c *Conn) takeCreditsLocked() (ring, n int) {
+	for _, r := range []int{large, small} {
+		if f := c.rx[r].freed; f > 0 {
+			n = min(f, maxCredits)
+			c.rx[r].freed -= n
+			return r, n
+		}
 	}
-	n := min(c.freed, maxCredits)
-	if err := c.postCtlLocked(kindCredit, n); err != nil {
-		c.failLocked(err)
-		return
-	}
-	c.freed -= n
-	c.creditOut = true
+	return small, 0
 }
 
-func (c *Conn) postCtlLocked(kind, credits int) error {
+// returnCreditsLocked sends freed slots back in a credit message once
+// half a ring is free and no credit message is on its way already (data
+// messages carry credits too).
+func (c *Conn) returnCreditsLocked() {
+	if c.creditOut || c.err != nil || c.qp == nil {
+		return
+	}
+	for _, r := range []int{large, small} {
+		rx := &c.rx[r]
+		if rx.freed == 0 || rx.freed < max(1, rx.count/2) {
+			continue
+		}
+		n := min(rx.freed, maxCredits)
+		if err := c.postCtlLocked(kindCredit, r, n); err != nil {
+			c.failLocked(err)
+			return
+		}
+		rx.freed -= n
+		c.creditOut = true
+		return
+	}
+}
+
+func (c *Conn) postCtlLocked(kind, ring, credits int) error {
+	t := &c.tx[small]
 	_, err := c.qp.PostSend(transport.SendWR{
-		ID: ctlID | uint64(kind), Opcode: transport.OpWriteWithImm, Signaled: true,
-		RemoteAddr: c.peer.ringAddr, RKey: c.peer.ringRKey, Imm: encodeImm(kind, credits, 0),
+		ID: idCtl | uint64(kind), Opcode: transport.OpWriteWithImm, Signaled: true,
+		RemoteAddr: t.addr, RKey: t.rkey, Imm: encodeImm(kind, ring, credits, 0),
 	})
 	if err != nil {
 		return fmt.Errorf("conn: post control message: %w", err)
@@ -238,22 +298,44 @@ func (c *Conn) postCtlLocked(kind, credits int) error {
 	return nil
 }
 
-// Write copies b into the staging slots and writes it into the peer's
-// ring, a slot per message, waiting for credits when the ring is full.
+// Write writes b. Above the threshold it first enlarges this direction
+// (M2, M3): the call blocks until the peer's acknowledgement, a refusal,
+// or the acknowledgement time-out, honouring the write deadline.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if len(b) > c.o.threshold {
+		if err := c.enlarge(); err != nil {
+			return 0, c.opErr("write", err)
+		}
+	}
+	return c.write(b)
+}
+
+// write copies b into staging slots and writes it into the peer's ring of
+// the current phase, a slot per message, waiting for credits when that
+// ring is full. c.wmu is held.
+func (c *Conn) write(b []byte) (int, error) {
 	n := 0
 	for {
 		c.mu.Lock()
 		stalled := false
+		var t *txRing
 		for {
-			err := c.writeErrLocked()
-			if err != nil {
+			if err := c.writeErrLocked(); err != nil {
 				c.mu.Unlock()
 				return n, c.opErr("write", err)
 			}
-			if len(b) == 0 || (c.credits > 0 && c.sendSeq-c.sendsDone < uint64(c.slots)) {
+			if len(b) == 0 {
+				c.mu.Unlock()
+				return n, nil
+			}
+			t = &c.tx[c.sending]
+			reserve := 0
+			if c.sending == small {
+				reserve = 1 // kept for control records
+			}
+			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
 				break
 			}
 			if !stalled {
@@ -262,25 +344,22 @@ func (c *Conn) Write(b []byte) (int, error) {
 			}
 			c.waitLocked(c.wdl)
 		}
-		if len(b) == 0 {
-			c.mu.Unlock()
-			return n, nil
-		}
-		seq := c.sendSeq
-		c.sendSeq++
-		c.credits--
-		ret := min(c.freed, maxCredits)
-		c.freed -= ret
+		ring := c.sending
+		seq := t.seq
+		t.seq++
+		t.credits--
+		slot := t.msgs % uint64(t.count)
+		t.msgs++
+		cring, credits := c.takeCreditsLocked()
 		c.mu.Unlock()
 
-		k := min(len(b), c.chunk())
-		off := int(seq%uint64(c.slots)) * c.slotSize
-		copy(c.stage.Bytes()[off:], b[:k])
-		remote := c.peer.ringAddr + (seq%uint64(c.peer.slotCount))*uint64(c.peer.slotSize)
+		k := min(len(b), t.size, t.stageSize)
+		off := int(seq%uint64(t.stageSlots)) * t.stageSize
+		copy(t.stage.Bytes()[off:], b[:k])
 		_, err := c.qp.PostSend(transport.SendWR{
-			ID: seq, Opcode: transport.OpWriteWithImm, Signaled: true,
-			SG:         []transport.SGE{{Addr: c.stage.Addr() + uint64(off), Length: uint32(k), LKey: c.stage.LKey()}},
-			RemoteAddr: remote, RKey: c.peer.ringRKey, Imm: encodeImm(kindData, ret, k),
+			ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm, Signaled: true,
+			SG:         []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}},
+			RemoteAddr: t.addr + slot*uint64(t.size), RKey: t.rkey, Imm: encodeImm(kindSmall+ring, cring, credits, k),
 		})
 		c.mu.Lock()
 		if err != nil {
@@ -294,6 +373,38 @@ func (c *Conn) Write(b []byte) (int, error) {
 		n += k
 		b = b[k:]
 	}
+}
+
+// WriteBuffers is the vectored write of figure 5 (M2): elements at or
+// below the threshold go as they are; at the first element above it, if
+// it is the first, the connection is enlarged before anything is sent;
+// otherwise the small prefix goes now through the small buffers and the
+// rest, from the large element on, after the enlargement.
+func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	var n int64
+	for i, b := range v {
+		if len(b) > c.o.threshold {
+			if err := c.enlarge(); err != nil {
+				return n, c.opErr("write", err)
+			}
+			for _, b := range v[i:] {
+				k, err := c.write(b)
+				n += int64(k)
+				if err != nil {
+					return n, err
+				}
+			}
+			return n, nil
+		}
+		k, err := c.write(b)
+		n += int64(k)
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 func (c *Conn) writeErrLocked() error {
@@ -327,12 +438,16 @@ func (c *Conn) sendEOFLocked() error {
 		return nil
 	}
 	c.wclosed = true
-	return c.postCtlLocked(kindEOF, 0)
+	return c.postCtlLocked(kindEOF, small, 0)
 }
 
 // drainTimeout bounds how long Close waits for written data to be
 // acknowledged before it disconnects.
 const drainTimeout = 2 * time.Second
+
+func (c *Conn) drainedLocked() bool {
+	return c.tx[small].seq == c.tx[small].done && c.tx[large].seq == c.tx[large].done && c.ctlPending == 0 && !c.recordOut
+}
 
 // Close sends what was written, tells the peer (which reads io.EOF),
 // disconnects and releases every resource of the connection.
@@ -350,20 +465,21 @@ func (c *Conn) Close() error {
 	c.mu.Lock()
 	c.sendEOFLocked()
 	deadline := time.Now().Add(drainTimeout)
-	for c.err == nil && (c.sendsDone < c.sendSeq || c.ctlPending > 0) && time.Now().Before(deadline) {
+	for c.err == nil && !c.drainedLocked() && time.Now().Before(deadline) {
 		c.waitLocked(deadline)
 	}
 	c.mu.Unlock()
 	c.wmu.Unlock()
 
 	c.qp.Disconnect()
+	c.wg.Wait()
 	c.stopPoll()
 	<-c.pollDone
 	c.release()
 	return nil
 }
 
-// release frees what newConn and start created, in reverse order.
+// release frees what newConn, start and the enlargements created.
 func (c *Conn) release() {
 	if c.qp != nil {
 		c.qp.Close()
@@ -371,7 +487,7 @@ func (c *Conn) release() {
 	if c.cq != nil {
 		c.cq.Close()
 	}
-	for _, b := range []*bufpool.Buffer{c.ring, c.stage} {
+	for _, b := range []*bufpool.Buffer{c.rx[small].buf, c.rx[large].buf, c.tx[small].stage, c.tx[large].stage} {
 		if b != nil {
 			b.Release()
 		}

@@ -69,8 +69,8 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 			c.failLocked(fmt.Errorf("conn: connection to %v lost: %w", c.qp.RemoteAddr(), wc.Err()))
 			continue
 		}
-		switch wc.Opcode {
-		case transport.WCRecvRDMAWithImm:
+		switch {
+		case wc.Opcode == transport.WCRecvRDMAWithImm:
 			if err := c.receivedLocked(wc.Imm); err != nil {
 				c.failLocked(err)
 				c.qp.SetError()
@@ -79,18 +79,18 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 			if _, err := c.qp.PostRecv(transport.RecvWR{ID: wc.ID}); err != nil && !c.closed {
 				c.failLocked(fmt.Errorf("conn: repost receive: %w", err))
 			}
-		case transport.WCRDMAWrite:
-			if wc.ID&ctlID != 0 {
-				c.ctlPending--
-				if wc.ID&^ctlID == kindCredit {
-					c.creditOut = false
-					c.returnCreditsLocked()
-				}
-			} else {
-				c.sendsDone++
-			}
-		default:
+		case wc.Opcode != transport.WCRDMAWrite:
 			c.failLocked(fmt.Errorf("%w: unexpected completion %v", errProtocol, wc.Opcode))
+		case wc.ID&idCtl != 0:
+			c.ctlPending--
+			if wc.ID&^idCtl == kindCredit {
+				c.creditOut = false
+				c.returnCreditsLocked()
+			}
+		case wc.ID&idRecord != 0:
+			c.recordOut = false
+		default:
+			c.tx[wc.ID>>idRing&1].done++
 		}
 	}
 }
@@ -98,18 +98,46 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 // receivedLocked accounts one incoming message; everything in its
 // immediate is checked against what this connection granted.
 func (c *Conn) receivedLocked(imm uint32) error {
-	kind, credits, n := decodeImm(imm)
-	c.credits += credits
-	if c.credits > int(c.peer.slotCount) {
-		return fmt.Errorf("%w: %d credits returned, only %d slots granted", errProtocol, c.credits, c.peer.slotCount)
+	kind, ring, credits, n := decodeImm(imm)
+	if t := &c.tx[ring]; credits > 0 {
+		t.credits += credits
+		if t.credits > t.count {
+			return fmt.Errorf("%w: %d credits for a ring of %d slots", errProtocol, t.credits, t.count)
+		}
 	}
 	c.st.MessagesIn++
 	switch kind {
-	case kindData:
-		if n == 0 || n > c.slotSize || len(c.recvLens) >= c.slots || c.eofIn {
-			return fmt.Errorf("%w: data message of %d bytes with %d of %d slots full", errProtocol, n, len(c.recvLens), c.slots)
+	case kindSmall, kindLarge:
+		r := &c.rx[kind-kindSmall]
+		if r.buf == nil || n == 0 || n > r.size || r.inUse >= r.count || c.eofIn {
+			return fmt.Errorf("%w: data message of %d bytes into ring %d (%d of %d slots full)", errProtocol, n, kind, r.inUse, r.count)
 		}
-		c.recvLens = append(c.recvLens, n)
+		slot := r.arrived % uint64(r.count)
+		r.arrived++
+		r.inUse++
+		c.recvQ = append(c.recvQ, entry{ring: uint8(kind - kindSmall), slot: int32(slot), n: int32(n)})
+		if kind == kindSmall {
+			c.st.SmallDataIn++
+		} else {
+			c.st.LargeDataIn++
+		}
+	case kindControl:
+		r := &c.rx[small]
+		if n != recordLen || r.inUse >= r.count {
+			return fmt.Errorf("%w: control record of %d bytes", errProtocol, n)
+		}
+		slot := int(r.arrived % uint64(r.count))
+		r.arrived++
+		rec, err := decodeRecord(r.buf.Bytes()[slot*r.size : slot*r.size+n])
+		r.freed++ // read at once: the slot is free again
+		c.returnCreditsLocked()
+		if err != nil {
+			// M3: a torn or corrupt record counts as not received; the
+			// writer's time-out and retry recover from it.
+			c.st.BadRecords++
+			return nil
+		}
+		c.recordLocked(rec)
 	case kindCredit:
 	case kindEOF:
 		c.eofIn = true

@@ -4,31 +4,40 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 )
 
 // The immediate data of every message:
 //
-//	bits 31–30  kind
-//	bits 29–20  credits returned to the receiver of this message
-//	bits 19–0   payload length (data only)
+//	bits 31–29  kind
+//	bit  28     which of the receiver's rings the returned credits free
+//	bits 27–20  credits returned
+//	bits 19–0   payload length
 const (
-	kindData   = 0
-	kindCredit = 1 // zero-length: credits only
-	kindEOF    = 2 // the writer closed its direction
-	maxCredits = 1<<10 - 1
-	maxLen     = 1<<20 - 1
+	kindSmall   = 0 // data in the receiver's small ring
+	kindLarge   = 1 // data in the receiver's large ring
+	kindCredit  = 2 // zero-length: credits only
+	kindEOF     = 3 // the writer closed its direction
+	kindControl = 4 // a control record in the receiver's small ring
+	maxCredits  = 1<<8 - 1
+	maxLen      = 1<<20 - 1
 )
 
-func encodeImm(kind, credits, length int) uint32 {
-	return uint32(kind)<<30 | uint32(credits)<<20 | uint32(length)
+const (
+	small = 0
+	large = 1
+)
+
+func encodeImm(kind, ring, credits, length int) uint32 {
+	return uint32(kind)<<29 | uint32(ring)<<28 | uint32(credits)<<20 | uint32(length)
 }
 
-func decodeImm(imm uint32) (kind, credits, length int) {
-	return int(imm >> 30), int(imm >> 20 & maxCredits), int(imm & maxLen)
+func decodeImm(imm uint32) (kind, ring, credits, length int) {
+	return int(imm >> 29), int(imm >> 28 & 1), int(imm >> 20 & maxCredits), int(imm & maxLen)
 }
 
 // hello is the private data of connect and accept: where the sender's
-// receive ring is.
+// small receive ring is.
 type hello struct {
 	ringAddr  uint64
 	ringRKey  uint32
@@ -38,7 +47,7 @@ type hello struct {
 
 const (
 	helloMagic   = 0x52444d47 // "RDMG"
-	helloVersion = 1
+	helloVersion = 2
 	helloLen     = 4 + 1 + 8 + 4 + 4 + 4
 )
 
@@ -69,8 +78,88 @@ func decodeHello(b []byte) (hello, error) {
 	h.ringRKey = binary.BigEndian.Uint32(b[13:])
 	h.slotSize = binary.BigEndian.Uint32(b[17:])
 	h.slotCount = binary.BigEndian.Uint32(b[21:])
-	if h.slotSize == 0 || h.slotSize > maxLen || h.slotCount == 0 || h.slotCount > maxCredits {
-		return h, fmt.Errorf("%w: %d slots of %d bytes", errBadHello, h.slotCount, h.slotSize)
+	if err := checkRing(h.slotSize, h.slotCount); err != nil {
+		return h, fmt.Errorf("%w: %v", errBadHello, err)
 	}
 	return h, nil
+}
+
+func checkRing(size, count uint32) error {
+	if size < minSlot || size > maxLen || count < 2 || count > maxCredits {
+		return fmt.Errorf("ring of %d slots of %d bytes: want 2–%d slots of %d–%d bytes", count, size, maxCredits, minSlot, maxLen)
+	}
+	return nil
+}
+
+// minSlot: a slot must hold a control record.
+const minSlot = 64
+
+// Control records (M3) travel in a slot of the small ring, framed by a
+// head flag and a tail flag with a checksum between: a record is taken
+// only when both flags are there and the checksum matches, so a torn or
+// corrupt acknowledgement counts as not received.
+const (
+	ctlHead = 0x454e4c47 // "ENLG"
+	ctlTail = 0x21444e45 // "END!"
+
+	recRequest = 1 // please provision large buffers for this connection
+	recAck     = 2 // provisioned: here they are
+	recRefuse  = 3 // cannot (budget, registration failure)
+
+	recordLen = 4 + 1 + 4 + 8 + 4 + 4 + 4 + 4 + 4
+)
+
+// record is one control record. For a request, size and count are what
+// the writer asks for; for an ack, the large ring that was provisioned.
+type record struct {
+	typ   uint8
+	seq   uint32
+	addr  uint64
+	rkey  uint32
+	size  uint32
+	count uint32
+}
+
+func (r record) encode(b []byte) []byte {
+	b = b[:recordLen]
+	binary.BigEndian.PutUint32(b, ctlHead)
+	b[4] = r.typ
+	binary.BigEndian.PutUint32(b[5:], r.seq)
+	binary.BigEndian.PutUint64(b[9:], r.addr)
+	binary.BigEndian.PutUint32(b[17:], r.rkey)
+	binary.BigEndian.PutUint32(b[21:], r.size)
+	binary.BigEndian.PutUint32(b[25:], r.count)
+	binary.BigEndian.PutUint32(b[29:], crc32.ChecksumIEEE(b[:29]))
+	binary.BigEndian.PutUint32(b[33:], ctlTail)
+	return b
+}
+
+var errBadRecord = errors.New("conn: malformed control record")
+
+func decodeRecord(b []byte) (record, error) {
+	var r record
+	if len(b) != recordLen {
+		return r, fmt.Errorf("%w: %d bytes, want %d", errBadRecord, len(b), recordLen)
+	}
+	if binary.BigEndian.Uint32(b) != ctlHead {
+		return r, fmt.Errorf("%w: no head flag", errBadRecord)
+	}
+	if binary.BigEndian.Uint32(b[33:]) != ctlTail {
+		return r, fmt.Errorf("%w: no tail flag", errBadRecord)
+	}
+	if binary.BigEndian.Uint32(b[29:]) != crc32.ChecksumIEEE(b[:29]) {
+		return r, fmt.Errorf("%w: checksum mismatch", errBadRecord)
+	}
+	r = record{typ: b[4], seq: binary.BigEndian.Uint32(b[5:]), addr: binary.BigEndian.Uint64(b[9:]),
+		rkey: binary.BigEndian.Uint32(b[17:]), size: binary.BigEndian.Uint32(b[21:]), count: binary.BigEndian.Uint32(b[25:])}
+	switch r.typ {
+	case recRequest, recAck:
+		if err := checkRing(r.size, r.count); err != nil {
+			return r, fmt.Errorf("%w: %v", errBadRecord, err)
+		}
+	case recRefuse:
+	default:
+		return r, fmt.Errorf("%w: type %d", errBadRecord, r.typ)
+	}
+	return r, nil
 }

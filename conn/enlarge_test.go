@@ -1,0 +1,235 @@
+package conn
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/fault"
+)
+
+// faults wraps shm; tests add rules to it and remove them when done.
+var faults = func() *fault.Injector {
+	shm, err := transport.Get("shm")
+	if err != nil {
+		panic(err)
+	}
+	inj := fault.Wrap(shm, "conn-test-fault")
+	transport.Register(inj)
+	return inj
+}()
+
+func conns(t *testing.T, opts ...Option) (*Conn, *Conn) {
+	t.Helper()
+	a, b, stop, err := pipe(t, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return a.(*Conn), b.(*Conn)
+}
+
+// transfer writes data on w with write and checks r reads exactly it.
+func transfer(t *testing.T, w, r *Conn, data []byte, write func([]byte) error) {
+	t.Helper()
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(data))
+		if _, err := io.ReadFull(r, b); err != nil {
+			t.Errorf("read: %v", err)
+		}
+		got <- b
+	}()
+	if err := write(data); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if b := <-got; !bytes.Equal(b, data) {
+		t.Fatal("data differs after the transfer")
+	}
+}
+
+func random(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+func writeAll(c *Conn) func([]byte) error {
+	return func(b []byte) error { _, err := c.Write(b); return err }
+}
+
+const smallBytes = 2 * DefaultSlotSize * DefaultSlotCount // ring + staging
+const largeBytes = DefaultLargeSize * DefaultLargeCount
+
+func TestEnlargeBothDirections(t *testing.T) {
+	a, b := conns(t)
+	for _, c := range []*Conn{a, b} {
+		if s := c.Stats(); s.RegisteredBytes != smallBytes || s.SendPhase != "small" || s.RecvPhase != "small" {
+			t.Fatalf("idle connection: %+v, want %d registered bytes, small phases", s, smallBytes)
+		}
+	}
+	transfer(t, a, b, random(100), writeAll(a)) // below the threshold
+	if s := a.Stats(); s.SendPhase != "small" || s.Enlargements != 0 {
+		t.Fatalf("small write enlarged: %+v", s)
+	}
+	transfer(t, a, b, random(300<<10), writeAll(a))
+	sa, sb := a.Stats(), b.Stats()
+	if sa.SendPhase != "large" || sa.Enlargements != 1 || sa.LastEnlargeFrom != DefaultSlotSize || sa.LastEnlargeTo != DefaultLargeSize || sa.LastEnlargeOutcome != "enlarged" {
+		t.Fatalf("writer after a large write: %+v", sa)
+	}
+	if sb.RecvPhase != "large" || sb.EnlargementsServed != 1 || sb.SendPhase != "small" {
+		t.Fatalf("reader after a large write: %+v", sb)
+	}
+	if sa.RegisteredBytes != smallBytes+largeBytes || sb.RegisteredBytes != smallBytes+largeBytes {
+		t.Fatalf("registered bytes %d and %d, want %d each", sa.RegisteredBytes, sb.RegisteredBytes, smallBytes+largeBytes)
+	}
+	t.Logf("enlargement took %v", sa.LastEnlargeDuration)
+	transfer(t, b, a, random(300<<10), writeAll(b)) // the other direction, on its own
+	if sb := b.Stats(); sb.SendPhase != "large" || sb.Enlargements != 1 || sb.RegisteredBytes != smallBytes+2*largeBytes {
+		t.Fatalf("second direction: %+v", sb)
+	}
+	transfer(t, a, b, random(1<<20), writeAll(a)) // no second enlargement
+	if sa := a.Stats(); sa.Enlargements != 1 {
+		t.Fatalf("enlarged twice: %+v", sa)
+	}
+}
+
+func TestWriteBuffersFigure5(t *testing.T) {
+	t.Run("LargeFirst", func(t *testing.T) {
+		a, b := conns(t)
+		v := net.Buffers{random(5000), random(100), random(200)}
+		transfer(t, a, b, bytes.Join(v, nil), func([]byte) error { _, err := a.WriteBuffers(v); return err })
+		if s := b.Stats(); s.SmallDataIn != 0 || s.LargeDataIn != 3 {
+			t.Fatalf("large element first: %d small and %d large data messages, want 0 and 3", s.SmallDataIn, s.LargeDataIn)
+		}
+	})
+	t.Run("SmallPrefix", func(t *testing.T) {
+		a, b := conns(t)
+		v := net.Buffers{random(100), random(300), random(5000), random(50)}
+		transfer(t, a, b, bytes.Join(v, nil), func([]byte) error { _, err := a.WriteBuffers(v); return err })
+		// The prefix went through the small buffers before the
+		// enlargement; the large element and what follows, after it.
+		if s := b.Stats(); s.SmallDataIn != 2 || s.LargeDataIn != 2 {
+			t.Fatalf("small prefix: %d small and %d large data messages, want 2 and 2", s.SmallDataIn, s.LargeDataIn)
+		}
+	})
+}
+
+// isRecord matches the control record of type typ on its way out.
+func isRecord(typ byte) func(*fault.Event) bool {
+	return func(ev *fault.Event) bool {
+		if ev.Send == nil || ev.Send.Opcode != transport.OpWriteWithImm {
+			return false
+		}
+		if kind, _, _, _ := decodeImm(ev.Send.Imm); kind != kindControl {
+			return false
+		}
+		p := ev.Payload()
+		return len(p) == recordLen && p[4] == typ
+	}
+}
+
+// isRecordArrival matches the arrival of a control record (its receive
+// completion).
+func isRecordArrival(ev *fault.Event) bool {
+	if ev.WC == nil || ev.WC.Status != transport.StatusSuccess || ev.WC.Opcode != transport.WCRecvRDMAWithImm {
+		return false
+	}
+	kind, _, _, _ := decodeImm(ev.WC.Imm)
+	return kind == kindControl
+}
+
+// A late control record (here the request, so the ack comes late) makes
+// the writer time out and ask again; the late answer is recognised as
+// stale and the retry's acknowledgement is used.
+func TestAckTimeoutIsRetried(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpCompletion, Action: fault.ActDelay, Delay: 500 * time.Millisecond, Match: isRecordArrival, Nth: 1})
+	defer h.Remove()
+	a, b := conns(t, WithProvider(faults.Name()), WithAckTimeout(200*time.Millisecond, 3))
+	transfer(t, a, b, random(100<<10), writeAll(a))
+	if h.Fired() != 1 {
+		t.Fatalf("delay fired %d times, want 1", h.Fired())
+	}
+	sa := a.Stats()
+	if sa.SendPhase != "large" || sa.Enlargements != 1 || sa.LastEnlargeDuration < 200*time.Millisecond {
+		t.Fatalf("after a late ack: %+v", sa)
+	}
+	if sb := b.Stats(); sb.EnlargementsServed != 1 { // every answer names the same buffers
+		t.Fatalf("receiver provisioned %d times", sb.EnlargementsServed)
+	}
+	t.Logf("writer: %d stale answers ignored, enlargement took %v", sa.StaleRecords, sa.LastEnlargeDuration)
+}
+
+func TestAckCorruptTailIsRetried(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpPostSend, Action: fault.ActCorrupt, Offset: -1, Match: isRecord(recAck), Nth: 1})
+	defer h.Remove()
+	a, b := conns(t, WithProvider(faults.Name()), WithAckTimeout(200*time.Millisecond, 2))
+	transfer(t, a, b, random(100<<10), writeAll(a))
+	if sa := a.Stats(); h.Fired() != 1 || sa.BadRecords != 1 || sa.SendPhase != "large" {
+		t.Fatalf("after a corrupt ack (fired %d): %+v", h.Fired(), sa)
+	}
+}
+
+func TestEnlargeRefusedByBudget(t *testing.T) {
+	// Room for both connections' small buffers, not for a large ring.
+	a, b := conns(t, WithBudget(bufpool.NewBudget(2*smallBytes+largeBytes/2)))
+	transfer(t, a, b, random(64<<10), writeAll(a))
+	sa, sb := a.Stats(), b.Stats()
+	if sa.SendPhase != phaseNames[phaseRefused] || sa.EnlargeFailures != 1 || sb.EnlargeRefusals != 1 || sb.RecvPhase != "small" {
+		t.Fatalf("refused enlargement: writer %+v reader %+v", sa, sb)
+	}
+	if sb.SmallDataIn != 64 { // 64 KiB in 1 KiB slots
+		t.Fatalf("%d small data messages, want 64", sb.SmallDataIn)
+	}
+}
+
+func TestEnlargeRegistrationFailure(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: largeBytes})
+	defer h.Remove()
+	a, b := conns(t, WithProvider(faults.Name()))
+	transfer(t, a, b, random(64<<10), writeAll(a))
+	if sa, sb := a.Stats(), b.Stats(); h.Fired() == 0 || sa.SendPhase != phaseNames[phaseRefused] || sb.EnlargeRefusals != 1 {
+		t.Fatalf("registration refused (fired %d): writer %+v reader %+v", h.Fired(), sa, sb)
+	}
+}
+
+func TestWriteDeadlineWhileWaitingForAck(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpPostSend, Action: fault.ActDrop, Match: isRecord(recAck)})
+	defer h.Remove()
+	a, _ := conns(t, WithProvider(faults.Name()), WithAckTimeout(10*time.Second, 0))
+	a.SetWriteDeadline(time.Now().Add(150 * time.Millisecond))
+	start := time.Now()
+	n, err := a.Write(random(64 << 10))
+	if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("write waiting for a lost ack: %d, %v after %v; want 0, deadline exceeded, promptly", n, err, time.Since(start))
+	}
+}
+
+func TestCloseUnblocksWriteWaitingForAck(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpPostSend, Action: fault.ActDrop, Match: isRecord(recAck)})
+	defer h.Remove()
+	a, b, _, err := pipe(t, WithProvider(faults.Name()), WithAckTimeout(10*time.Second, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	errc := make(chan error, 1)
+	go func() { _, err := a.Write(random(64 << 10)); errc <- err }()
+	time.Sleep(50 * time.Millisecond)
+	a.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("write after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not unblock a write waiting for the ack")
+	}
+}
