@@ -21,6 +21,7 @@ import (
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 
 const (
@@ -35,6 +36,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+func testAddr() string {
+	if a := os.Getenv("RXE_ADDR"); a != "" {
+		return net.JoinHostPort(a, "0")
+	}
+	return "127.0.0.1:0"
+}
+
 func newServer() *grpc.Server {
 	s := grpc.NewServer(grpc.MaxRecvMsgSize(2*bigMsg), grpc.MaxSendMsgSize(2*bigMsg))
 	testgrpc.RegisterTestServiceServer(s, interop.NewTestServer())
@@ -44,7 +52,7 @@ func newServer() *grpc.Server {
 // serveUntilStdinCloses is the server process of the two-process test: it
 // prints its address, serves, and stops gracefully when stdin closes.
 func serveUntilStdinCloses() int {
-	l, err := conn.Listen(context.Background(), "127.0.0.1:0")
+	l, err := conn.Listen(context.Background(), testAddr())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -166,7 +174,7 @@ func deadline(t *testing.T, tc testgrpc.TestServiceClient) {
 }
 
 func TestGRPCOneProcess(t *testing.T) {
-	l, err := conn.Listen(context.Background(), "127.0.0.1:0")
+	l, err := conn.Listen(context.Background(), testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@
 RXE_CACHE   ?= $(or $(RDMAGRPC_RXE_CACHE),/tmp/rdmagrpc-rxe)
 # Packages whose tests run inside the guest (go test -c, then the binary in
 # the guest; TestRXEPair* tests also across two guests).
-RXE_PKGS    ?= ./transport/verbs/ ./bpf/
+RXE_PKGS    ?= ./transport/verbs/ ./bpf/ ./conn/
 RXE_TIMEOUT ?= 20m
 
 .PHONY: test-rxe rxerun rxe-clean

@@ -14,7 +14,7 @@ import (
 // built on the host with `go test -c` and run inside the guest, where
 // rxe0 exists. RDMAGRPC_RXE_PKGS overrides the list (space-separated,
 // relative to the module root).
-const defaultGuestPkgs = "./transport/verbs/ ./bpf/"
+const defaultGuestPkgs = "./transport/verbs/ ./bpf/ ./conn/"
 
 // guestHelpers are C programs a package's guest tests need (the guest has
 // no compiler): built on the host against libibverbs, copied into
