@@ -9,21 +9,22 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-func buildOptions(opts []Option) (*options, error) {
+// setup applies the options and opens the chosen provider's device.
+func setup(opts []Option) (*options, string, transport.Device, error) {
 	o := defaults()
 	for _, f := range opts {
 		f(&o)
 	}
-	return &o, o.validate()
+	if err := o.validate(); err != nil {
+		return nil, "", nil, err
+	}
+	name, dev, err := pickProvider(&o)
+	return &o, name, dev, err
 }
 
 // Dial connects to an rdmagrpc listener at addr ("host:port").
 func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
-	o, err := buildOptions(opts)
-	if err != nil {
-		return nil, err
-	}
-	name, dev, err := pickProvider(o)
+	o, name, dev, err := setup(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -68,11 +69,7 @@ type Listener struct {
 
 // Listen listens on addr ("host:port"; port 0 picks one, see Addr).
 func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, error) {
-	o, err := buildOptions(opts)
-	if err != nil {
-		return nil, err
-	}
-	name, dev, err := pickProvider(o)
+	o, name, dev, err := setup(opts)
 	if err != nil {
 		return nil, err
 	}

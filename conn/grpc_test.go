@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/interop"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
@@ -113,7 +112,7 @@ func rpcs(t *testing.T, cc *grpc.ClientConn) {
 
 func unaryBig(t *testing.T, ctx context.Context, tc testgrpc.TestServiceClient) {
 	body := bytes.Repeat([]byte("rdmagrpc"), bigMsg/8)
-	resp, err := tc.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: bigMsg, Payload: &testpb.Payload{Body: body}})
+	resp, err := tc.UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseSize: bigMsg, Payload: &testgrpc.Payload{Body: body}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +133,7 @@ func concurrentStreams(t *testing.T, ctx context.Context, tc testgrpc.TestServic
 			}
 			for j := range 5 {
 				size := int32(1 + (i*131+j*977)%40000) // below and above a slot
-				if err := st.Send(&testpb.StreamingOutputCallRequest{ResponseParameters: []*testpb.ResponseParameters{{Size: size}}}); err != nil {
+				if err := st.Send(&testgrpc.StreamingOutputCallRequest{ResponseParameters: []*testgrpc.ResponseParameters{{Size: size}}}); err != nil {
 					errs <- err
 					return
 				}
@@ -188,7 +187,7 @@ func TestGRPCOneProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.Send(&testpb.StreamingOutputCallRequest{ResponseParameters: []*testpb.ResponseParameters{{Size: 10}}}); err != nil {
+	if err := st.Send(&testgrpc.StreamingOutputCallRequest{ResponseParameters: []*testgrpc.ResponseParameters{{Size: 10}}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.Recv(); err != nil {

@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/interop"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
@@ -91,7 +90,7 @@ func main() {
 		var lat []time.Duration
 		for range n {
 			t := time.Now()
-			_, err := tc.UnaryCall(ctx, &testpb.SimpleRequest{ResponseSize: int32(size), Payload: &testpb.Payload{Body: make([]byte, size)}})
+			_, err := tc.UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseSize: int32(size), Payload: &testgrpc.Payload{Body: make([]byte, size)}})
 			if err != nil {
 				log.Fatalf("%s: %v", name, err)
 			}

@@ -60,7 +60,6 @@ func (r ring) setErr() bool {
 
 func (r ring) posted() uint64  { return atomic.LoadUint64(word64(r.mem, qpPosted)) }
 func (r ring) claimed() uint64 { return atomic.LoadUint64(word64(r.mem, qpClaimed)) }
-func (r ring) polled() uint64  { return atomic.LoadUint64(word64(r.mem, qpPolled)) }
 
 func (r ring) setPolled(v uint64) { atomic.StoreUint64(word64(r.mem, qpPolled), v) }
 

@@ -37,10 +37,7 @@ var cmCases = []*testCase{
 			if got := ep.qp.PeerPrivate(); !bytes.HasPrefix(got, []byte("welcome")) || !allZero(got[7:]) {
 				return fmt.Errorf("accept private data %q", got)
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 	{

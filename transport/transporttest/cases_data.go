@@ -70,10 +70,7 @@ var dataCases = []*testCase{
 					return fmt.Errorf("scattered data %x, want %x", got, want)
 				}
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 	{
@@ -131,10 +128,7 @@ var dataCases = []*testCase{
 			if !allZero(ep.mem[:512]) || !allZero(ep.mem[712:4096]) {
 				return fmt.Errorf("bytes outside the written ranges changed")
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 	{
@@ -217,10 +211,7 @@ var dataCases = []*testCase{
 					return fmt.Errorf("message %d carries %d (%d bytes): out of order", i, v, wc.ByteLen)
 				}
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 	{
@@ -256,10 +247,7 @@ var dataCases = []*testCase{
 			if got := string(ep.mem[:16]); got != "inline payload!!" {
 				return fmt.Errorf("inline send delivered %q", got)
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 }

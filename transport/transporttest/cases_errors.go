@@ -151,10 +151,7 @@ var errorCases = []*testCase{
 			if err := check(wcs[0], 1, transport.StatusLocQPOpErr, 0, ep.qp.Num()); err != nil {
 				return fmt.Errorf("responder receive: %w", err)
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 	{
@@ -302,10 +299,7 @@ var errorCases = []*testCase{
 			if wcs[0].Status != transport.StatusSuccess || string(ep.mem[:4]) != "late" {
 				return fmt.Errorf("late receive: %+v %q", wcs[0], ep.mem[:4])
 			}
-			if err := p.ctl.sendf("ok"); err != nil {
-				return err
-			}
-			return p.awaitBye(ctx)
+			return p.okThenBye(ctx)
 		},
 	},
 }

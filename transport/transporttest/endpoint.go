@@ -186,6 +186,15 @@ func (p *peer) awaitBye(ctx context.Context) error {
 	return err
 }
 
+// okThenBye reports the peer's checks passed and holds the connection
+// until the local half is done.
+func (p *peer) okThenBye(ctx context.Context) error {
+	if err := p.ctl.sendf("ok"); err != nil {
+		return err
+	}
+	return p.awaitBye(ctx)
+}
+
 // sendMR tells the other half where e's memory is.
 func sendMR(k *ctl, e *endpoint) error {
 	return k.sendf("mr %d %d %d", e.mr.Addr(), e.mr.RKey(), e.mr.Len())
