@@ -25,12 +25,16 @@ import (
 
 const (
 	envServer = "RDMAGRPC_CONN_TEST_SERVER"
+	envWriter = "RDMAGRPC_CONN_TEST_WRITER"
 	bigMsg    = 4 << 20
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envServer) != "" {
 		os.Exit(serveUntilStdinCloses())
+	}
+	if a := os.Getenv(envWriter); a != "" {
+		os.Exit(writeForever(a))
 	}
 	os.Exit(m.Run())
 }
