@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -25,14 +26,45 @@ const (
 
 var connIDs atomic.Uint64
 
-// rxRing is a ring the peer writes into.
+// rxRing is a ring the peer writes into. The peer picks slots in order
+// (its message count modulo the ring size), so a slot's credit may go back
+// only once every slot before it is free too: a control record, consumed
+// on arrival, must not let the peer overwrite unread data before it.
 type rxRing struct {
-	buf     *bufpool.Buffer
-	size    int
-	count   int
-	arrived uint64 // messages landed: the next one takes slot arrived%count
-	inUse   int    // landed and not yet consumed
-	freed   int    // consumed, credit not yet returned
+	buf      *bufpool.Buffer
+	size     int
+	count    int
+	arrived  uint64 // messages landed: the next one takes slot arrived%count
+	released uint64 // slots before this one are free
+	consumed []bool // per slot: consumed, waiting for the slots before it
+	freed    int    // released, credit not yet returned
+	urgent   bool   // a record's slot was released: return credits now
+}
+
+func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {
+	return rxRing{buf: buf, size: size, count: count, consumed: make([]bool, count)}
+}
+
+// land takes the next slot for an arriving message; ok is false when the
+// peer wrote past the credits it was given.
+func (r *rxRing) land() (slot int, ok bool) {
+	if r.arrived-r.released >= uint64(r.count) {
+		return 0, false
+	}
+	slot = int(r.arrived % uint64(r.count))
+	r.arrived++
+	return slot, true
+}
+
+// consume frees a slot and releases every slot, from the oldest on, that
+// is free.
+func (r *rxRing) consume(slot int) {
+	r.consumed[slot] = true
+	for r.released < r.arrived && r.consumed[r.released%uint64(r.count)] {
+		r.consumed[r.released%uint64(r.count)] = false
+		r.released++
+		r.freed++
+	}
 }
 
 // txRing is a ring of the peer's we write into, with our staging for it.
@@ -59,6 +91,7 @@ type Conn struct {
 	pd       transport.PD
 	cq       transport.CQ
 	pool     *bufpool.Pool
+	tel      *telemetry.Conn // nil-safe; see conn/telemetry.go
 
 	rmu, wmu sync.Mutex // one reader, one writer at a time
 
@@ -74,10 +107,12 @@ type Conn struct {
 	creditOut  bool // a credit message is in flight
 	recordOut  bool // the control record staging slot is in use
 	enl        enlargement
+	rdv        rendezvous
 	// lifecycle
 	wclosed bool
 	eofIn   bool
 	closed  bool
+	aborted bool // the QP was put in error and disconnected
 	err     error
 	rdl     time.Time
 	wdl     time.Time
@@ -89,24 +124,29 @@ type Conn struct {
 }
 
 type entry struct {
-	ring uint8
-	slot int32
-	n    int32
+	ring  uint8
+	slot  int32
+	n     int32
+	spill []byte // the message, copied out of its slot (spillLocked)
 }
 
 // newConn prepares a connection's memory and queues; start finishes it
-// once the QP exists.
-func newConn(provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
+// once the QP exists. ctx parents the connection span; role is
+// telemetry.Client or telemetry.Server.
+func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
 	c = &Conn{id: connIDs.Add(1), provider: provider, o: o, changed: make(chan struct{})}
+	c.tel = o.tel.StartConn(ctx, role, c.id, provider)
+	partial := c // the error returns below set c to nil
 	defer func() {
 		if err != nil {
-			c.release()
+			partial.tel.Fail(err)
+			partial.release()
 		}
 	}()
 	if c.pd, err = dev.AllocPD(); err != nil {
 		return nil, cfg, fmt.Errorf("conn: allocate protection domain: %w", err)
 	}
-	if c.pool, err = bufpool.New(dev, c.pd, bufpool.Options{Budget: o.budget}); err != nil {
+	if c.pool, err = bufpool.New(dev, c.pd, bufpool.Options{Budget: o.budget, OnRegister: c.tel.Registered}); err != nil {
 		return nil, cfg, err
 	}
 	size := o.slotSize * o.slotCount
@@ -114,7 +154,7 @@ func newConn(provider string, dev transport.Device, o *options) (c *Conn, cfg tr
 	if err != nil {
 		return nil, cfg, fmt.Errorf("conn: receive buffers: %w", err)
 	}
-	c.rx[small] = rxRing{buf: ring, size: o.slotSize, count: o.slotCount}
+	c.rx[small] = newRxRing(ring, o.slotSize, o.slotCount)
 	stage, err := c.pool.Get(bufpool.Owner(c.id), size, transport.AccessLocalWrite)
 	if err != nil {
 		return nil, cfg, fmt.Errorf("conn: send buffers: %w", err)
@@ -122,12 +162,12 @@ func newConn(provider string, dev transport.Device, o *options) (c *Conn, cfg tr
 	// The last staging slot holds control records; data uses the others.
 	c.tx[small] = txRing{stage: stage, stageSize: o.slotSize, stageSlots: o.slotCount - 1}
 	recvs := c.recvDepth()
-	if c.cq, err = dev.CreateCQ(2*recvs + 2*o.slotCount + 16); err != nil {
+	if c.cq, err = dev.CreateCQ(2*recvs + 2*o.slotCount + maxServing + 16); err != nil {
 		return nil, cfg, fmt.Errorf("conn: completion queue: %w", err)
 	}
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
-		MaxSendWR: max(o.slotCount, o.largeCount) + 8, MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
+		MaxSendWR: max(o.slotCount, o.largeCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
 	return c, cfg, nil
@@ -135,8 +175,9 @@ func newConn(provider string, dev transport.Device, o *options) (c *Conn, cfg tr
 
 // recvDepth: every message (data, record, credit, EOF) consumes a posted
 // receive; data and records are bounded by the credits of both rings,
-// zero-length messages by one credit message and one EOF in flight.
-func (c *Conn) recvDepth() int { return c.o.slotCount + c.o.largeCount + 4 }
+// zero-length messages by one credit message and one EOF in flight, the
+// ends of rendezvous transfers by our one read request.
+func (c *Conn) recvDepth() int { return c.o.slotCount + c.o.largeCount + 5 }
 
 func (c *Conn) hello() hello {
 	r := c.rx[small]
@@ -153,6 +194,7 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 			return fmt.Errorf("conn: post receives: %w", err)
 		}
 	}
+	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stopPoll, c.pollDone = cancel, make(chan struct{})
 	go c.poll(ctx)
@@ -204,49 +246,63 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	for {
 		switch {
 		case c.closed:
-			c.mu.Unlock()
 			return 0, c.opErr("read", net.ErrClosed)
 		case expired(c.rdl):
-			c.mu.Unlock()
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		case len(c.recvQ) > 0 && len(b) == 0:
+			return 0, nil
+		case len(c.recvQ) > 0 && c.recvQ[0].ring == rdvRing:
+			if n, err, done := c.readRendezvousLocked(b); done {
+				return n, err
+			}
+			if c.err != nil {
+				return 0, c.opErr("read", c.err)
+			}
 		case len(c.recvQ) > 0:
+			return c.readRingLocked(b), nil
 		case c.eofIn:
-			c.mu.Unlock()
 			return 0, io.EOF
 		case c.err != nil:
-			err := c.err
-			c.mu.Unlock()
-			return 0, c.opErr("read", err)
+			return 0, c.opErr("read", c.err)
 		case len(b) == 0:
-			c.mu.Unlock()
 			return 0, nil
-		default:
-			c.waitLocked(c.rdl)
-			continue
 		}
-		break
+		c.waitLocked(c.rdl)
 	}
+}
+
+// readRingLocked copies from the ring slot at the head of the stream, or
+// from the copy spillLocked made of it.
+func (c *Conn) readRingLocked(b []byte) int {
 	e := c.recvQ[0]
 	r := &c.rx[e.ring]
-	off := int(e.slot) * r.size
-	src := r.buf.Bytes()[off+c.readOff : off+int(e.n)]
+	src := e.spill
+	if src == nil {
+		off := int(e.slot) * r.size
+		src = r.buf.Bytes()[off : off+int(e.n)]
+	}
+	src = src[c.readOff:]
 	c.mu.Unlock()
 	k := copy(b, src) // the slot stays ours until its credit goes back
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.readOff += k
 	c.st.BytesIn += uint64(k)
 	if c.readOff == int(e.n) {
 		c.recvQ = c.recvQ[1:]
 		c.readOff = 0
-		r.inUse--
-		r.freed++
-		c.returnCreditsLocked()
+		if e.spill == nil { // a spilled slot went back already
+			r.consume(int(e.slot))
+			c.returnCreditsLocked()
+			if e.ring == small {
+				c.maybeFreeSmallLocked()
+			}
+		}
 	}
-	return k, nil
+	return k
 }
 
 // takeCreditsLocked picks freed slots to piggyback on an outgoing message.
@@ -255,6 +311,7 @@ func (c *Conn) takeCreditsLocked() (ring, n int) {
 		if f := c.rx[r].freed; f > 0 {
 			n = min(f, maxCredits)
 			c.rx[r].freed -= n
+			c.rx[r].urgent = false
 			return r, n
 		}
 	}
@@ -270,7 +327,7 @@ func (c *Conn) returnCreditsLocked() {
 	}
 	for _, r := range []int{large, small} {
 		rx := &c.rx[r]
-		if rx.freed == 0 || rx.freed < max(1, rx.count/2) {
+		if rx.freed == 0 || rx.freed < max(1, rx.count/2) && !rx.urgent {
 			continue
 		}
 		n := min(rx.freed, maxCredits)
@@ -279,13 +336,14 @@ func (c *Conn) returnCreditsLocked() {
 			return
 		}
 		rx.freed -= n
+		rx.urgent = false
 		c.creditOut = true
 		return
 	}
 }
 
 func (c *Conn) postCtlLocked(kind, ring, credits int) error {
-	t := &c.tx[small]
+	t := &c.tx[c.sending] // zero-length: any ring of the peer's that exists
 	_, err := c.qp.PostSend(transport.SendWR{
 		ID: idCtl | uint64(kind), Opcode: transport.OpWriteWithImm, Signaled: true,
 		RemoteAddr: t.addr, RKey: t.rkey, Imm: encodeImm(kind, ring, credits, 0),
@@ -304,6 +362,22 @@ func (c *Conn) postCtlLocked(kind, ring, credits int) error {
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.writeElem(b)
+}
+
+// writeElem sends one buffer the way its size asks for: by rendezvous
+// above the rendezvous threshold (M5), through the large ring above the
+// threshold (M2–M4), else through the ring of the current phase.
+func (c *Conn) writeElem(b []byte) (int, error) {
+	c.mu.Lock()
+	err := c.writeErrLocked()
+	c.mu.Unlock()
+	if err != nil {
+		return 0, c.opErr("write", err)
+	}
+	if c.o.rdvThreshold > 0 && len(b) > c.o.rdvThreshold {
+		return c.writeRendezvous(b)
+	}
 	if len(b) > c.o.threshold {
 		if err := c.enlarge(); err != nil {
 			return 0, c.opErr("write", err)
@@ -331,16 +405,14 @@ func (c *Conn) write(b []byte) (int, error) {
 				return n, nil
 			}
 			t = &c.tx[c.sending]
-			reserve := 0
-			if c.sending == small {
-				reserve = 1 // kept for control records
-			}
+			const reserve = 1 // kept for control records
 			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
 				break
 			}
 			if !stalled {
 				stalled = true
 				c.st.CreditStalls++
+				c.tel.CreditStall()
 			}
 			c.waitLocked(c.wdl)
 		}
@@ -348,20 +420,26 @@ func (c *Conn) write(b []byte) (int, error) {
 		seq := t.seq
 		t.seq++
 		t.credits--
-		slot := t.msgs % uint64(t.count)
-		t.msgs++
-		cring, credits := c.takeCreditsLocked()
 		c.mu.Unlock()
 
+		// The copy runs unlocked: the staging slot is this writer's alone
+		// (c.wmu). The peer's slot is taken only now, with the post, under
+		// c.mu: the peer assigns slots in arrival order, so a control
+		// record posted in between (a reader's read request) must not
+		// take a later slot yet arrive first, or each would be read from
+		// the other's slot.
 		k := min(len(b), t.size, t.stageSize)
 		off := int(seq%uint64(t.stageSlots)) * t.stageSize
 		copy(t.stage.Bytes()[off:], b[:k])
+		c.mu.Lock()
+		slot := t.msgs % uint64(t.count)
+		t.msgs++
+		cring, credits := c.takeCreditsLocked()
 		_, err := c.qp.PostSend(transport.SendWR{
 			ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm, Signaled: true,
 			SG:         []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}},
 			RemoteAddr: t.addr + slot*uint64(t.size), RKey: t.rkey, Imm: encodeImm(kindSmall+ring, cring, credits, k),
 		})
-		c.mu.Lock()
 		if err != nil {
 			c.failLocked(fmt.Errorf("conn: post write: %w", err))
 			c.mu.Unlock()
@@ -375,30 +453,18 @@ func (c *Conn) write(b []byte) (int, error) {
 	}
 }
 
-// WriteBuffers is the vectored write of figure 5 (M2): elements at or
-// below the threshold go as they are; at the first element above it, if
-// it is the first, the connection is enlarged before anything is sent;
-// otherwise the small prefix goes now through the small buffers and the
-// rest, from the large element on, after the enlargement.
+// WriteBuffers is the vectored write of figure 5 (M2), checked element
+// by element: elements at or below the threshold go as they are; at the
+// first element above it the connection is enlarged, so a small prefix
+// goes through the small buffers and the rest, from the large element on,
+// after the enlargement. Elements above the rendezvous threshold go by
+// rendezvous (M5).
 func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	var n int64
-	for i, b := range v {
-		if len(b) > c.o.threshold {
-			if err := c.enlarge(); err != nil {
-				return n, c.opErr("write", err)
-			}
-			for _, b := range v[i:] {
-				k, err := c.write(b)
-				n += int64(k)
-				if err != nil {
-					return n, err
-				}
-			}
-			return n, nil
-		}
-		k, err := c.write(b)
+	for _, b := range v {
+		k, err := c.writeElem(b)
 		n += int64(k)
 		if err != nil {
 			return n, err
@@ -441,12 +507,25 @@ func (c *Conn) sendEOFLocked() error {
 	return c.postCtlLocked(kindEOF, small, 0)
 }
 
+// sendCloseLocked tells the peer we read no more, so that it stops
+// holding rendezvous data for us (and its Close does not wait for us).
+func (c *Conn) sendCloseLocked() {
+	if c.err != nil {
+		return
+	}
+	if err := c.postCtlLocked(kindClose, small, 0); err != nil {
+		c.failLocked(err)
+	}
+}
+
 // drainTimeout bounds how long Close waits for written data to be
 // acknowledged before it disconnects.
 const drainTimeout = 2 * time.Second
 
 func (c *Conn) drainedLocked() bool {
-	return c.tx[small].seq == c.tx[small].done && c.tx[large].seq == c.tx[large].done && c.ctlPending == 0 && !c.recordOut
+	// A peer that closed reads nothing more: waiting for it is pointless.
+	return c.rdv.peerClosed || c.tx[small].seq == c.tx[small].done && c.tx[large].seq == c.tx[large].done && c.ctlPending == 0 && !c.recordOut &&
+		len(c.rdv.out) == 0
 }
 
 // Close sends what was written, tells the peer (which reads io.EOF),
@@ -461,26 +540,37 @@ func (c *Conn) Close() error {
 	c.broadcastLocked()
 	c.mu.Unlock()
 
-	c.wmu.Lock() // blocked writers have seen closed and left
+	// Blocked writers have seen closed and left; later ones wait until
+	// the memory they would write into is gone, and see closed first.
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	c.mu.Lock()
 	c.sendEOFLocked()
+	c.sendCloseLocked()
 	deadline := time.Now().Add(drainTimeout)
 	for c.err == nil && !c.drainedLocked() && time.Now().Before(deadline) {
 		c.waitLocked(deadline)
 	}
 	c.mu.Unlock()
-	c.wmu.Unlock()
 
 	c.qp.Disconnect()
 	c.wg.Wait()
 	c.stopPoll()
 	<-c.pollDone
+	// A reader copies out of a ring slot or a rendezvous destination
+	// without c.mu: that memory must outlive its copy. Readers woken by
+	// the broadcast, and any later one, see closed and leave.
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
 	c.release()
 	return nil
 }
 
-// release frees what newConn, start and the enlargements created.
+// release frees what newConn, start, the enlargements and the
+// rendezvous transfers created.
 func (c *Conn) release() {
+	c.endTelemetry()
+	c.releaseRendezvous()
 	if c.qp != nil {
 		c.qp.Close()
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -18,6 +19,9 @@ func setup(opts []Option) (*options, string, transport.Device, error) {
 	if err := o.validate(); err != nil {
 		return nil, "", nil, err
 	}
+	if !o.noTelemetry {
+		o.tel = telemetry.For(o.tracerProvider, o.meterProvider)
+	}
 	name, dev, err := pickProvider(&o)
 	return &o, name, dev, err
 }
@@ -28,12 +32,13 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, cfg, err := newConn(name, dev, o)
+	c, cfg, err := newConn(ctx, telemetry.Client, name, dev, o)
 	if err != nil {
 		return nil, err
 	}
 	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
 	if err != nil {
+		c.tel.Fail(err)
 		c.release()
 		return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
 	}
@@ -43,6 +48,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 		err = c.start(qp, peer)
 	}
 	if err != nil {
+		c.tel.Fail(err)
 		c.release()
 		return nil, &net.OpError{Op: "dial", Net: "rdma", Addr: qp.RemoteAddr(), Err: err}
 	}
@@ -105,18 +111,20 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 		req.Reject(nil)
 		return
 	}
-	c, cfg, err := newConn(l.name, l.dev, l.o)
+	c, cfg, err := newConn(context.Background(), telemetry.Server, l.name, l.dev, l.o)
 	if err != nil {
 		req.Reject(nil)
 		return
 	}
 	qp, err := req.Accept(l.ctx, cfg, c.hello().encode())
 	if err != nil {
+		c.tel.Fail(err)
 		c.release()
 		return
 	}
 	c.qp = qp
 	if err := c.start(qp, peer); err != nil {
+		c.tel.Fail(err)
 		c.release()
 		return
 	}

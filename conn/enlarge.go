@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -43,6 +44,8 @@ type enlargement struct {
 	ack      *record // a valid acknowledgement of reqSeq, not yet used
 	refused  bool
 	attempts int
+	tel      *telemetry.Enlargement // the sender's, until it ends
+	localErr error                  // why our large staging failed
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	serving   bool   // the enlargement server goroutine runs
@@ -70,6 +73,8 @@ func (c *Conn) enlarge() error {
 	from := uint32(c.tx[small].size)
 	c.enl.waiting = true
 	defer func() { c.enl.waiting = false }()
+	c.enl.tel = c.tel.StartEnlargement(telemetry.Sender, start, int(from), c.o.largeSize, c.o.largeCount)
+	defer c.abortEnlargeTelemetryLocked()
 	for attempt := 0; attempt <= c.o.ackRetries && c.enl.ack == nil && !c.enl.refused; attempt++ {
 		c.enl.reqSeq++
 		c.enl.attempts++
@@ -77,6 +82,7 @@ func (c *Conn) enlarge() error {
 		if err := c.sendRecordLocked(req, c.wdl, true); err != nil {
 			return err
 		}
+		c.enl.tel.Requested(attempt + 1)
 		timeout := time.Now().Add(c.o.ackTimeout)
 		for c.enl.ack == nil && !c.enl.refused && time.Now().Before(timeout) {
 			if err := c.writeErrLocked(); err != nil {
@@ -96,11 +102,15 @@ func (c *Conn) enlarge() error {
 	case c.enl.ack != nil:
 		ack := *c.enl.ack
 		c.enl.ack = nil
+		c.enl.tel.Answered(true)
 		// M4: provision our large send buffers, then switch.
 		c.mu.Unlock()
+		regStart := time.Now()
 		stage, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite)
+		c.enl.tel.Registration(time.Since(regStart))
 		c.mu.Lock()
 		if err != nil {
+			c.enl.localErr = err
 			c.finishEnlargeLocked(phaseLocalErr, outcomeLocalErr, from, 0, start)
 			return nil
 		}
@@ -109,6 +119,7 @@ func (c *Conn) enlarge() error {
 		c.sending = large
 		c.finishEnlargeLocked(phaseLarge, outcomeEnlarged, from, ack.size, start)
 	case c.enl.refused:
+		c.enl.tel.Answered(false)
 		c.finishEnlargeLocked(phaseRefused, outcomeRefused, from, 0, start)
 	default:
 		c.finishEnlargeLocked(phaseTimedOut, outcomeTimedOut, from, 0, start)
@@ -129,32 +140,52 @@ func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start ti
 	c.st.LastEnlargeOutcome = outcomeNames[outcome]
 	c.broadcastLocked()
 	enlargementMarker(c.id, from, to, d.Nanoseconds(), uint32(outcome))
+	c.endEnlargeTelemetryLocked(outcome)
 }
 
-// sendRecordLocked writes a control record into the peer's small ring,
-// using the staging slot and the credit kept for control records.
-// asWriter: a write deadline and CloseWrite apply.
-func (c *Conn) sendRecordLocked(r record, deadline time.Time, asWriter bool) error {
-	t := &c.tx[small]
-	for c.recordOut || t.credits < 1 {
+// sendRecordLocked writes a control record into the peer's ring of the
+// current phase (its small ring may be gone once enlarged), from the last
+// small staging slot, with the credit data leaves for records.
+// bounded: deadline applies (a writer's or a reader's).
+//
+// The last credit is for read requests alone. A reader whose stream is
+// stopped at a rendezvous message must always be able to ask for it:
+// otherwise two sides, each with its ring full of the other's unread data
+// behind an advert, and their last credits taken by adverts, enlargement
+// requests or acks, wait for each other forever. Data keeps that credit
+// too (write), and a reader has one read request out at a time.
+func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) error {
+	need := 2
+	if r.typ == recRead {
+		need = 1
+	}
+	for c.recordOut || c.tx[c.sending].credits < need {
+		if r.typ == recRead && c.tx[c.sending].credits < need {
+			c.spillLocked()
+		}
 		switch {
 		case c.closed:
 			return net.ErrClosed
 		case c.err != nil:
 			return c.err
-		case asWriter && expired(deadline):
+		case bounded && expired(deadline):
 			return os.ErrDeadlineExceeded
 		}
 		c.waitLocked(deadline)
 	}
-	off := (t.stageSlots) * t.stageSize
-	buf := r.encode(t.stage.Bytes()[off:])
+	stage := &c.tx[small]
+	off := stage.stageSlots * stage.stageSize
+	buf := r.encode(stage.stage.Bytes()[off:])
+	t, kind := &c.tx[c.sending], kindControl
+	if c.sending == large {
+		kind = kindRecordL
+	}
 	slot := t.msgs % uint64(t.count)
 	cring, credits := c.takeCreditsLocked()
 	_, err := c.qp.PostSend(transport.SendWR{
 		ID: idRecord, Opcode: transport.OpWriteWithImm, Signaled: true,
-		SG:         []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(len(buf)), LKey: t.stage.LKey()}},
-		RemoteAddr: t.addr + slot*uint64(t.size), RKey: t.rkey, Imm: encodeImm(kindControl, cring, credits, len(buf)),
+		SG:         []transport.SGE{{Addr: stage.stage.Addr() + uint64(off), Length: uint32(len(buf)), LKey: stage.stage.LKey()}},
+		RemoteAddr: t.addr + slot*uint64(t.size), RKey: t.rkey, Imm: encodeImm(kind, cring, credits, len(buf)),
 	})
 	if err != nil {
 		err = fmt.Errorf("conn: post control record: %w", err)
@@ -168,51 +199,68 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, asWriter bool) err
 	return nil
 }
 
-// recordLocked handles a control record from the peer (poller).
-func (c *Conn) recordLocked(r record) {
+// recordLocked handles a control record from the peer (poller); an error
+// fails the connection.
+func (c *Conn) recordLocked(r record) error {
 	switch r.typ {
 	case recRequest:
 		c.enl.reqIn = r.seq
-		if !c.enl.serving {
+		// Once Close set closed it waits on c.wg: a server started
+		// after that would outlive the connection's memory.
+		if !c.enl.serving && !c.closed {
 			c.enl.serving = true
 			c.wg.Add(1)
-			go c.serveEnlarge()
+			go c.serveEnlarge(time.Now())
 		}
 	case recAck, recRefuse:
+		if r.seq == 0 || r.seq > c.enl.reqSeq {
+			// Not a late answer: an answer to a request never made.
+			return fmt.Errorf("%w: %s for enlargement request %d, %d made", errProtocol, recordNames[r.typ], r.seq, c.enl.reqSeq)
+		}
 		if !c.enl.waiting || r.seq != c.enl.reqSeq {
 			c.st.StaleRecords++ // an answer to a request we gave up on
-			return
+			return nil
 		}
 		if r.typ == recAck {
 			c.enl.ack = &r
 		} else {
 			c.enl.refused = true
 		}
+	case recAdvert:
+		return c.advertLocked(r)
+	case recRead:
+		return c.serveReadLocked(r)
 	}
+	return nil
 }
 
 // serveEnlarge is the receiver side of M3, off the completion loop so
 // small traffic keeps flowing: it provisions large buffers for this
 // connection only and acknowledges with their address and key, or
 // refuses. Later requests (a retry after a lost ack) are answered with
-// the same buffers. Owned by the Conn; exits on Close.
-func (c *Conn) serveEnlarge() {
+// the same buffers. Owned by the Conn; exits on Close. arrived is when
+// the request that started it came.
+func (c *Conn) serveEnlarge(arrived time.Time) {
 	defer c.wg.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
 		seq := c.enl.reqIn
 		rx := &c.rx[large]
+		var tel *telemetry.Enlargement // only the pass that provisions
 		if rx.buf == nil && c.enl.rxRefused == nil {
+			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, c.o.largeSize, c.o.largeCount)
 			start := time.Now()
 			c.mu.Unlock()
 			buf, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+			tel.Registration(time.Since(start))
 			c.mu.Lock()
 			if c.closed {
 				if buf != nil {
 					buf.Release()
 				}
 				c.enl.serving = false
+				tel.Abort(net.ErrClosed)
 				return
 			}
 			outcome := outcomeServed
@@ -221,7 +269,7 @@ func (c *Conn) serveEnlarge() {
 				outcome = outcomeServeError
 				c.st.EnlargeRefusals++
 			} else {
-				*rx = rxRing{buf: buf, size: c.o.largeSize, count: c.o.largeCount}
+				*rx = newRxRing(buf, c.o.largeSize, c.o.largeCount)
 				c.st.EnlargementsServed++
 			}
 			enlargementMarker(c.id, uint32(c.rx[small].size), uint32(c.o.largeSize), time.Since(start).Nanoseconds(), uint32(outcome))
@@ -232,8 +280,10 @@ func (c *Conn) serveEnlarge() {
 		}
 		if err := c.sendRecordLocked(answer, time.Time{}, false); err != nil {
 			c.enl.serving = false
+			tel.Abort(err)
 			return
 		}
+		c.endServeTelemetryLocked(tel)
 		if c.enl.reqIn == seq {
 			c.enl.serving = false
 			return
@@ -242,3 +292,22 @@ func (c *Conn) serveEnlarge() {
 }
 
 var markerCalls atomic.Uint64
+
+// maybeFreeSmallLocked is claim 18, with WithFreeSmallOnEnlarge: once the
+// peer writes into our large ring it never writes into the small one again
+// (a reliable connection keeps order, so everything it wrote there has
+// landed), and once the reader consumed all of it the small ring is
+// deregistered and freed.
+func (c *Conn) maybeFreeSmallLocked() {
+	r := &c.rx[small]
+	if !c.o.freeSmall || r.buf == nil || c.rx[large].arrived == 0 || r.released != r.arrived {
+		return
+	}
+	if err := r.buf.Discard(); err != nil {
+		// Still registered: the pool keeps it and reports it at Close.
+		c.st.FreeSmallErrors++
+	}
+	r.buf = nil
+	r.freed = 0 // nothing to give back: the peer writes there no more
+	c.st.SmallFreed = true
+}

@@ -16,15 +16,7 @@ import (
 )
 
 // faults wraps shm; tests add rules to it and remove them when done.
-var faults = func() *fault.Injector {
-	shm, err := transport.Get("shm")
-	if err != nil {
-		panic(err)
-	}
-	inj := fault.Wrap(shm, "conn-test-fault")
-	transport.Register(inj)
-	return inj
-}()
+var faults = wrapShm("conn-test-fault")
 
 func conns(t *testing.T, opts ...Option) (*Conn, *Conn) {
 	t.Helper()
@@ -79,7 +71,7 @@ func TestEnlargeBothDirections(t *testing.T) {
 	if s := a.Stats(); s.SendPhase != "small" || s.Enlargements != 0 {
 		t.Fatalf("small write enlarged: %+v", s)
 	}
-	transfer(t, a, b, random(300<<10), writeAll(a))
+	transfer(t, a, b, random(100<<10), writeAll(a))
 	sa, sb := a.Stats(), b.Stats()
 	if sa.SendPhase != "large" || sa.Enlargements != 1 || sa.LastEnlargeFrom != DefaultSlotSize || sa.LastEnlargeTo != DefaultLargeSize || sa.LastEnlargeOutcome != "enlarged" {
 		t.Fatalf("writer after a large write: %+v", sa)
@@ -91,7 +83,7 @@ func TestEnlargeBothDirections(t *testing.T) {
 		t.Fatalf("registered bytes %d and %d, want %d each", sa.RegisteredBytes, sb.RegisteredBytes, smallBytes+largeBytes)
 	}
 	t.Logf("enlargement took %v", sa.LastEnlargeDuration)
-	transfer(t, b, a, random(300<<10), writeAll(b)) // the other direction, on its own
+	transfer(t, b, a, random(100<<10), writeAll(b)) // the other direction, on its own
 	if sb := b.Stats(); sb.SendPhase != "large" || sb.Enlargements != 1 || sb.RegisteredBytes != smallBytes+2*largeBytes {
 		t.Fatalf("second direction: %+v", sb)
 	}
@@ -231,5 +223,65 @@ func TestCloseUnblocksWriteWaitingForAck(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not unblock a write waiting for the ack")
+	}
+}
+
+// Claim 18: with WithFreeSmallOnEnlarge the receiving side deregisters its
+// small ring once the peer writes into the large one; everything still
+// works afterwards (records and credits travel in the large ring), in
+// both directions, and the registered bytes say so exactly.
+func TestFreeSmallOnEnlarge(t *testing.T) {
+	a, b := conns(t, WithFreeSmallOnEnlarge())
+	transfer(t, a, b, random(100), writeAll(a)) // a small message first
+	transfer(t, a, b, random(100<<10), writeAll(a))
+	if s := b.Stats(); !s.SmallFreed || s.RegisteredBytes != smallBytes/2+largeBytes {
+		t.Fatalf("receiver after enlargement: %+v, want its small ring freed and %d bytes", s, smallBytes/2+largeBytes)
+	}
+	if s := a.Stats(); s.SmallFreed || s.RegisteredBytes != smallBytes+largeBytes {
+		t.Fatalf("sender after enlargement: %+v, want %d bytes", s, smallBytes+largeBytes)
+	}
+	// The other direction enlarges too: its request and ack travel in
+	// rings that are large on one side.
+	transfer(t, b, a, random(100<<10), writeAll(b))
+	for _, c := range []*Conn{a, b} {
+		if s := c.Stats(); !s.SmallFreed || s.RegisteredBytes != smallBytes/2+2*largeBytes {
+			t.Fatalf("after both enlargements: %+v, want %d bytes", s, smallBytes/2+2*largeBytes)
+		}
+	}
+	// Small writes, a rendezvous (advert and read request are records)
+	// and a half-close, all after the small rings are gone.
+	transfer(t, a, b, random(10), writeAll(a))
+	transfer(t, b, a, random(1<<20), writeAll(b))
+	transfer(t, a, b, random(1<<20+5), writeAll(a))
+	if err := a.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("read after the peer's CloseWrite: %d, %v; want io.EOF", n, err)
+	}
+}
+
+// A connection whose set-up fails (here its first registration, as when
+// the process is out of file descriptors or memory) returns the error
+// and releases what it had, without touching a nil connection.
+func TestDialSetupFailure(t *testing.T) {
+	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, Limit: 1})
+	defer h.Remove()
+	c, err := Dial(t.Context(), l.Addr().String(), WithProvider(faults.Name()))
+	if err == nil {
+		c.Close()
+		t.Fatal("dial succeeded with its registration refused")
+	}
+	if h.Fired() != 1 {
+		t.Fatalf("rule fired %d times", h.Fired())
+	}
+	// The listener holds nothing before a request: anything live leaked.
+	if live := faults.Live(); live.PDs != 0 || live.MRs != 0 || live.CQs != 0 {
+		t.Fatalf("live after the failed dial: %+v", live)
 	}
 }

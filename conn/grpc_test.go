@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	if a := os.Getenv(envWriter); a != "" {
 		os.Exit(writeForever(a))
 	}
+	if a := os.Getenv(envKillPeer); a != "" {
+		os.Exit(killPeer(a))
+	}
 	os.Exit(m.Run())
 }
 
@@ -254,4 +257,86 @@ func TestGRPCTwoProcesses(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("server process did not stop")
 	}
+}
+
+// grpc-go with 1 MiB write and read buffers writes up to 1 MiB at a time:
+// above the rendezvous threshold, so 16 MiB messages travel by M5.
+func TestGRPCRendezvous(t *testing.T) {
+	const msg = 16 << 20
+	l, err := conn.Listen(context.Background(), testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(grpc.MaxRecvMsgSize(2*msg), grpc.MaxSendMsgSize(2*msg),
+		grpc.WriteBufferSize(1<<20), grpc.ReadBufferSize(1<<20))
+	testgrpc.RegisterTestServiceServer(s, interop.NewTestServer())
+	go s.Serve(l)
+	defer s.Stop()
+	var mu sync.Mutex
+	var conns []*conn.Conn
+	dialer := conn.Dialer()
+	cc, err := grpc.NewClient("passthrough:///"+l.Addr().String(),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := dialer(ctx, addr)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c.(*conn.Conn))
+				mu.Unlock()
+			}
+			return c, err
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2*msg), grpc.MaxCallSendMsgSize(2*msg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	tc := testgrpc.NewTestServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	body := make([]byte, msg)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	for range 3 {
+		resp, err := tc.UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseSize: msg, Payload: &testgrpc.Payload{Body: body}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(resp.GetPayload().GetBody()); n != msg {
+			t.Fatalf("response of %d bytes, want %d", n, msg)
+		}
+	}
+	st, err := tc.FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := st.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: body},
+			ResponseParameters: []*testgrpc.ResponseParameters{{Size: msg}}}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.GetPayload().GetBody()) != msg {
+			t.Fatalf("stream response of %d bytes", len(r.GetPayload().GetBody()))
+		}
+	}
+	st.CloseSend()
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("stream end: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) != 1 {
+		t.Fatalf("%d connections, want 1", len(conns))
+	}
+	s0 := conns[0].Stats()
+	if s0.Rendezvous == 0 || s0.RendezvousIn == 0 {
+		t.Fatalf("no rendezvous in a 16 MiB exchange with 1 MiB buffers: %+v", s0)
+	}
+	t.Logf("client: %d messages out by rendezvous, %d in (%d bytes); %d bytes out in all", s0.Rendezvous, s0.RendezvousIn, s0.RendezvousBytesIn, s0.BytesOut)
 }

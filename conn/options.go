@@ -4,7 +4,11 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 )
 
 // Option configures Listen, Dial and Dialer.
@@ -20,6 +24,17 @@ type options struct {
 	ackTimeout time.Duration
 	ackRetries int
 	budget     *bufpool.Budget
+	freeSmall  bool
+	// M5: writes above rdvThreshold go by rendezvous, rdvChunk at a time
+	// (0: the large ring's size; negative: never).
+	rdvThreshold int
+	rdvChunk     int
+	// OpenTelemetry: nil providers mean the otel globals; tel is what
+	// setup resolved them to (nil: no telemetry, for tests).
+	tracerProvider trace.TracerProvider
+	meterProvider  metric.MeterProvider
+	noTelemetry    bool
+	tel            *telemetry.Set
 }
 
 // Defaults, for grpc-go's write pattern (at most 32 KiB per Write, 16 KiB
@@ -36,6 +51,10 @@ const (
 	DefaultLargeCount = 4
 	DefaultAckTimeout = time.Second
 	DefaultAckRetries = 2
+	// DefaultRendezvousChunk is the most one advert holds, and so the
+	// largest registered source and destination region a transfer uses;
+	// a bigger write is several adverts, two in flight.
+	DefaultRendezvousChunk = 4 << 20
 )
 
 func defaults() options {
@@ -43,6 +62,7 @@ func defaults() options {
 		slotSize: DefaultSlotSize, slotCount: DefaultSlotCount,
 		largeSize: DefaultLargeSize, largeCount: DefaultLargeCount,
 		ackTimeout: DefaultAckTimeout, ackRetries: DefaultAckRetries,
+		rdvChunk: DefaultRendezvousChunk,
 	}
 }
 
@@ -71,6 +91,36 @@ func WithAckTimeout(d time.Duration, retries int) Option {
 	return func(o *options) { o.ackTimeout, o.ackRetries = d, retries }
 }
 
+// WithRendezvousThreshold sets the write size (or net.Buffers element
+// size) above which data goes by rendezvous (M5) instead of through the
+// rings: default, the large ring's whole size (32 KiB × 4), so grpc-go's
+// default 32 KiB writes never use it and raised write buffer sizes do.
+// Negative: never.
+func WithRendezvousThreshold(n int) Option { return func(o *options) { o.rdvThreshold = n } }
+
+// WithRendezvousChunk sets how much one rendezvous advert holds (default
+// 4 MiB): the registered memory a transfer uses on each side.
+func WithRendezvousChunk(n int) Option { return func(o *options) { o.rdvChunk = n } }
+
+// WithFreeSmallOnEnlarge makes the receiving side deregister and free
+// its small receive ring once the peer has moved to the large one (claim
+// 18 of the enlargement patent): 4 KiB less registered memory per
+// enlarged direction, at the price of never going back to small buffers.
+func WithFreeSmallOnEnlarge() Option { return func(o *options) { o.freeSmall = true } }
+
+// WithTracerProvider sets where the connection, enlargement and
+// rendezvous spans go (default: the otel global provider). Spans are
+// made only while the connection span records.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
+}
+
+// WithMeterProvider sets where the rdmagrpc.* metrics go (default: the
+// otel global provider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) { o.meterProvider = mp }
+}
+
 // WithBudget charges registered memory to b instead of bufpool.Default().
 func WithBudget(b *bufpool.Budget) Option { return func(o *options) { o.budget = b } }
 
@@ -86,6 +136,15 @@ func (o *options) validate() error {
 	}
 	if o.threshold == 0 {
 		o.threshold = o.slotSize
+	}
+	switch {
+	case o.rdvThreshold == 0:
+		o.rdvThreshold = o.largeSize * o.largeCount
+	case o.rdvThreshold < 0:
+		o.rdvThreshold = 0
+	}
+	if o.rdvChunk < minSlot || o.rdvChunk > bufpool.DefaultMaxSize {
+		return fmt.Errorf("conn: rendezvous chunk of %d bytes: want %d–%d", o.rdvChunk, minSlot, bufpool.DefaultMaxSize)
 	}
 	if o.ackTimeout <= 0 || o.ackRetries < 0 {
 		return fmt.Errorf("conn: ack timeout %v with %d retries", o.ackTimeout, o.ackRetries)

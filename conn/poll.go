@@ -4,17 +4,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"runtime"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// poll is the connection's completion loop: poll, arm, poll again, then
-// sleep on the CQ's file descriptor in the netpoller. It owns no OS
-// thread while idle and exits when Close cancels ctx.
+// spinPolls is how many times the completion loop polls an empty queue,
+// yielding between polls, before it arms the queue and sleeps: under
+// traffic the next completion usually lands meanwhile, which saves the
+// wake-up (and, on shm, the peer's eventfd write, since an unarmed queue
+// is not notified).
+const spinPolls = 8
+
+// poll is the connection's completion loop: poll (spinning briefly), arm,
+// poll again, then sleep on the CQ's file descriptor in the netpoller.
+// It owns no OS thread while idle and exits when Close cancels ctx.
 func (c *Conn) poll(ctx context.Context) {
 	defer close(c.pollDone)
 	wcs := make([]transport.WorkCompletion, 32)
 	armed := false
+	spins := 0
 	for {
 		n, err := c.cq.Poll(wcs)
 		if err != nil {
@@ -24,6 +34,12 @@ func (c *Conn) poll(ctx context.Context) {
 		if n > 0 {
 			c.handle(wcs[:n])
 			armed = false
+			spins = 0
+			continue
+		}
+		if !armed && spins < spinPolls {
+			spins++
+			runtime.Gosched()
 			continue
 		}
 		if !armed {
@@ -44,6 +60,18 @@ func (c *Conn) poll(ctx context.Context) {
 	}
 }
 
+// abortLocked fails the connection and tells the peer at once, as a TCP
+// reset would: its reads and writes fail now rather than at its next
+// time-out.
+func (c *Conn) abortLocked(err error) {
+	c.failLocked(err)
+	if !c.aborted {
+		c.aborted = true
+		c.qp.SetError()
+		c.qp.Disconnect()
+	}
+}
+
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
 	c.failLocked(err)
@@ -60,20 +88,22 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 		wc := &wcs[i]
 		if wc.Status != transport.StatusSuccess {
 			if c.closed {
-				continue // our own teardown flushing
+				// Closing: the peer is gone or our teardown flushes;
+				// either way nothing more will complete, so end the drain.
+				c.failLocked(net.ErrClosed)
+				continue
 			}
 			if c.eofIn && wc.Status == transport.StatusWRFlushErr {
 				c.failLocked(fmt.Errorf("conn: peer %v closed the connection", c.qp.RemoteAddr()))
 				continue
 			}
-			c.failLocked(fmt.Errorf("conn: connection to %v lost: %w", c.qp.RemoteAddr(), wc.Err()))
+			c.abortLocked(fmt.Errorf("conn: connection to %v lost: %w", c.qp.RemoteAddr(), wc.Err()))
 			continue
 		}
 		switch {
 		case wc.Opcode == transport.WCRecvRDMAWithImm:
 			if err := c.receivedLocked(wc.Imm); err != nil {
-				c.failLocked(err)
-				c.qp.SetError()
+				c.abortLocked(err)
 				continue
 			}
 			if _, err := c.qp.PostRecv(transport.RecvWR{ID: wc.ID}); err != nil && !c.closed {
@@ -89,6 +119,10 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 			}
 		case wc.ID&idRecord != 0:
 			c.recordOut = false
+		case wc.ID&idRdv != 0:
+			if err := c.servedLocked(); err != nil {
+				c.failLocked(err)
+			}
 		default:
 			c.tx[wc.ID>>idRing&1].done++
 		}
@@ -109,38 +143,61 @@ func (c *Conn) receivedLocked(imm uint32) error {
 	switch kind {
 	case kindSmall, kindLarge:
 		r := &c.rx[kind-kindSmall]
-		if r.buf == nil || n == 0 || n > r.size || r.inUse >= r.count || c.eofIn {
-			return fmt.Errorf("%w: data message of %d bytes into ring %d (%d of %d slots full)", errProtocol, n, kind, r.inUse, r.count)
+		if r.buf == nil || n == 0 || n > r.size || c.eofIn {
+			return fmt.Errorf("%w: data message of %d bytes into ring %d", errProtocol, n, kind)
 		}
-		slot := r.arrived % uint64(r.count)
-		r.arrived++
-		r.inUse++
+		slot, ok := r.land()
+		if !ok {
+			return fmt.Errorf("%w: data message beyond the credits of ring %d (%d slots)", errProtocol, kind, r.count)
+		}
 		c.recvQ = append(c.recvQ, entry{ring: uint8(kind - kindSmall), slot: int32(slot), n: int32(n)})
+		if kind == kindLarge {
+			c.maybeFreeSmallLocked()
+		}
 		if kind == kindSmall {
 			c.st.SmallDataIn++
 		} else {
 			c.st.LargeDataIn++
 		}
-	case kindControl:
-		r := &c.rx[small]
-		if n != recordLen || r.inUse >= r.count {
-			return fmt.Errorf("%w: control record of %d bytes", errProtocol, n)
+	case kindControl, kindRecordL:
+		ring := small
+		if kind == kindRecordL {
+			ring = large
 		}
-		slot := int(r.arrived % uint64(r.count))
-		r.arrived++
+		r := &c.rx[ring]
+		if n != recordLen || r.buf == nil {
+			return fmt.Errorf("%w: control record of %d bytes into ring %d", errProtocol, n, ring)
+		}
+		slot, ok := r.land()
+		if !ok {
+			return fmt.Errorf("%w: control record beyond the credits of ring %d", errProtocol, ring)
+		}
 		rec, err := decodeRecord(r.buf.Bytes()[slot*r.size : slot*r.size+n])
-		r.freed++ // read at once: the slot is free again
+		r.consume(slot) // read at once
+		r.urgent = true // the writer keeps a credit for records: give it back
 		c.returnCreditsLocked()
-		if err != nil {
+		if ring == large {
+			c.maybeFreeSmallLocked()
+		}
+		if errors.Is(err, errTornRecord) {
 			// M3: a torn or corrupt record counts as not received; the
 			// writer's time-out and retry recover from it.
 			c.st.BadRecords++
 			return nil
 		}
-		c.recordLocked(rec)
+		if err != nil {
+			// Well framed, checksum right, content invalid: sent so.
+			return fmt.Errorf("%w: %w", errProtocol, err)
+		}
+		return c.recordLocked(rec)
+	case kindReadEnd:
+		return c.readEndLocked(n)
 	case kindCredit:
 	case kindEOF:
 		c.eofIn = true
+	case kindClose:
+		c.eofIn = true
+		c.rdv.peerClosed = true
 	default:
 		return fmt.Errorf("%w: message kind %d", errProtocol, kind)
 	}

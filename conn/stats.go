@@ -1,6 +1,9 @@
 package conn
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Stats are a connection's counters, exact at the time of the call.
 type Stats struct {
@@ -18,15 +21,27 @@ type Stats struct {
 	LastEnlargeTo       int
 	LastEnlargeDuration time.Duration // first large write to usable large buffers
 	LastEnlargeOutcome  string
+	SmallFreed          bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
+	FreeSmallErrors     int
 	BadRecords          int // torn or corrupt control records ignored
 	StaleRecords        int // answers to requests given up on
 	CreditStalls        uint64
-	Rendezvous          int // M5: not implemented yet, always 0
-	BytesIn, BytesOut   uint64
-	MessagesIn          uint64
-	SmallDataIn         uint64 // data messages that landed in the small ring
-	LargeDataIn         uint64 // ... and in the large ring
-	MessagesOut         uint64
+	// M5: messages sent by rendezvous (adverts), received, and chunks
+	// that went through the rings because no memory could be registered.
+	Rendezvous             uint64
+	RendezvousIn           uint64
+	RendezvousBytesIn      uint64
+	RendezvousFallbacks    uint64
+	LastRendezvousDuration time.Duration // read request to its last segment landed
+	// SpilledBytes: ring messages queued behind a rendezvous message,
+	// copied out so that their slots (and a credit for our read request)
+	// could go back to the peer.
+	SpilledBytes      uint64
+	BytesIn, BytesOut uint64
+	MessagesIn        uint64
+	SmallDataIn       uint64 // data messages that landed in the small ring
+	LargeDataIn       uint64 // ... and in the large ring
+	MessagesOut       uint64
 }
 
 // Stats returns the connection's counters.
@@ -42,4 +57,13 @@ func (c *Conn) Stats() Stats {
 	}
 	s.RegisteredBytes = c.pool.Stats().RegisteredBytes
 	return s
+}
+
+// EnlargeOutcome names an outcome code of the enlargement marker, the
+// code bpf.Event.Outcome and rdmatrace report for each enlargement.
+func EnlargeOutcome(code uint32) string {
+	if code == 0 || int(code) >= len(outcomeNames) {
+		return fmt.Sprintf("outcome %d", code)
+	}
+	return outcomeNames[code]
 }

@@ -18,7 +18,10 @@ const (
 	kindLarge   = 1 // data in the receiver's large ring
 	kindCredit  = 2 // zero-length: credits only
 	kindEOF     = 3 // the writer closed its direction
-	kindControl = 4 // a control record in the receiver's small ring
+	kindControl = 4 // a control record in the receiver's small ring (kindRecordL: large)
+	kindReadEnd = 5 // M5: the last segment of a read request; length = its sequence
+	kindClose   = 6 // the peer closed: end of its stream, and it reads no more
+	kindRecordL = 7 // a control record in the receiver's large ring
 	maxCredits  = 1<<8 - 1
 	maxLen      = 1<<20 - 1
 )
@@ -47,7 +50,7 @@ type hello struct {
 
 const (
 	helloMagic   = 0x52444d47 // "RDMG"
-	helloVersion = 2
+	helloVersion = 3
 	helloLen     = 4 + 1 + 8 + 4 + 4 + 4
 )
 
@@ -105,12 +108,23 @@ const (
 	recRequest = 1 // please provision large buffers for this connection
 	recAck     = 2 // provisioned: here they are
 	recRefuse  = 3 // cannot (budget, registration failure)
+	recAdvert  = 4 // M5: a message waits in the holder's registered memory
+	recRead    = 5 // M5: please write this part of it into my memory
 
-	recordLen = 4 + 1 + 4 + 8 + 4 + 4 + 4 + 4 + 4
+	recordLen = 4 + 1 + 4 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 4
 )
 
-// record is one control record. For a request, size and count are what
-// the writer asks for; for an ack, the large ring that was provisioned.
+// record is one control record.
+//
+//	request  size, count: the large ring the writer asks for
+//	ack      addr, rkey, size, count: the large ring provisioned
+//	refuse   seq only
+//	advert   seq; addr, size: the message in the holder's memory; rkey: a
+//	         token the read requests must quote (the holder's memory is not
+//	         remotely accessible: it writes, the peer never reads)
+//	read     seq: of this request; count: the advert's seq; rkey: its
+//	         token; addr, size: the source segment; addr2, rkey2: the
+//	         destination segment in the requester's memory
 type record struct {
 	typ   uint8
 	seq   uint32
@@ -118,6 +132,8 @@ type record struct {
 	rkey  uint32
 	size  uint32
 	count uint32
+	addr2 uint64
+	rkey2 uint32
 }
 
 func (r record) encode(b []byte) []byte {
@@ -129,37 +145,53 @@ func (r record) encode(b []byte) []byte {
 	binary.BigEndian.PutUint32(b[17:], r.rkey)
 	binary.BigEndian.PutUint32(b[21:], r.size)
 	binary.BigEndian.PutUint32(b[25:], r.count)
-	binary.BigEndian.PutUint32(b[29:], crc32.ChecksumIEEE(b[:29]))
-	binary.BigEndian.PutUint32(b[33:], ctlTail)
+	binary.BigEndian.PutUint64(b[29:], r.addr2)
+	binary.BigEndian.PutUint32(b[37:], r.rkey2)
+	binary.BigEndian.PutUint32(b[41:], crc32.ChecksumIEEE(b[:41]))
+	binary.BigEndian.PutUint32(b[45:], ctlTail)
 	return b
 }
 
 var errBadRecord = errors.New("conn: malformed control record")
 
+// errTornRecord is a record whose framing does not hold (head flag, tail
+// flag, checksum): torn or corrupted on its way, it counts as not
+// received (M3: the writer's time-out and retry recover). A record whose
+// framing holds but whose content is invalid was sent that way: a
+// protocol violation.
+var errTornRecord = fmt.Errorf("%w: torn or corrupt", errBadRecord)
+
 func decodeRecord(b []byte) (record, error) {
 	var r record
 	if len(b) != recordLen {
-		return r, fmt.Errorf("%w: %d bytes, want %d", errBadRecord, len(b), recordLen)
+		return r, fmt.Errorf("%w: %d bytes, want %d", errTornRecord, len(b), recordLen)
 	}
 	if binary.BigEndian.Uint32(b) != ctlHead {
-		return r, fmt.Errorf("%w: no head flag", errBadRecord)
+		return r, fmt.Errorf("%w: no head flag", errTornRecord)
 	}
-	if binary.BigEndian.Uint32(b[33:]) != ctlTail {
-		return r, fmt.Errorf("%w: no tail flag", errBadRecord)
+	if binary.BigEndian.Uint32(b[45:]) != ctlTail {
+		return r, fmt.Errorf("%w: no tail flag", errTornRecord)
 	}
-	if binary.BigEndian.Uint32(b[29:]) != crc32.ChecksumIEEE(b[:29]) {
-		return r, fmt.Errorf("%w: checksum mismatch", errBadRecord)
+	if binary.BigEndian.Uint32(b[41:]) != crc32.ChecksumIEEE(b[:41]) {
+		return r, fmt.Errorf("%w: checksum mismatch", errTornRecord)
 	}
 	r = record{typ: b[4], seq: binary.BigEndian.Uint32(b[5:]), addr: binary.BigEndian.Uint64(b[9:]),
-		rkey: binary.BigEndian.Uint32(b[17:]), size: binary.BigEndian.Uint32(b[21:]), count: binary.BigEndian.Uint32(b[25:])}
+		rkey: binary.BigEndian.Uint32(b[17:]), size: binary.BigEndian.Uint32(b[21:]), count: binary.BigEndian.Uint32(b[25:]),
+		addr2: binary.BigEndian.Uint64(b[29:]), rkey2: binary.BigEndian.Uint32(b[37:])}
 	switch r.typ {
 	case recRequest, recAck:
 		if err := checkRing(r.size, r.count); err != nil {
 			return r, fmt.Errorf("%w: %v", errBadRecord, err)
 		}
 	case recRefuse:
+	case recAdvert, recRead:
+		if r.size == 0 {
+			return r, fmt.Errorf("%w: %s of 0 bytes", errBadRecord, recordNames[r.typ])
+		}
 	default:
 		return r, fmt.Errorf("%w: type %d", errBadRecord, r.typ)
 	}
 	return r, nil
 }
+
+var recordNames = [...]string{"", "enlargement request", "enlargement ack", "enlargement refusal", "rendezvous advert", "read request"}

@@ -1,0 +1,144 @@
+package conn
+
+import (
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/fault"
+)
+
+// leaks wraps shm for the leak checks alone, so that its live counts are
+// this file's connections only.
+var leaks = wrapShm("conn-leaks")
+
+// wrapShm registers a fault wrapper of shm under name: a provider whose
+// live counts (PD, CQ, QP, MR) are those of its own connections.
+func wrapShm(name string) *fault.Injector {
+	shm, err := transport.Get("shm")
+	if err != nil {
+		panic(err)
+	}
+	inj := fault.Wrap(shm, name)
+	transport.Register(inj)
+	return inj
+}
+
+// noLeaks checks, once every connection of the test is closed, that
+// nothing of them is left: no PD, CQ, QP or memory region, no registered
+// byte charged to the budget, no goroutine.
+func noLeaks(t *testing.T, budget *bufpool.Budget, goroutines goleak.Option) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !leaks.Live().Zero() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if l := leaks.Live(); !l.Zero() {
+		t.Errorf("left open after Close: %+v", l)
+	}
+	if n := budget.Used(); n != 0 {
+		t.Errorf("%d registered bytes still charged to the budget", n)
+	}
+	goleak.VerifyNone(t, goroutines)
+}
+
+// The fault matrix, each cell ending with both connections closed and
+// nothing left: every phase (small, large, rendezvous), every fault.
+func TestFaultMatrixNoLeaks(t *testing.T) {
+	type cell struct {
+		name  string
+		rule  func(writerQP uint32) *fault.Rule
+		write int    // bytes written after the rule is armed
+		want  string // in the error of the writer or the reader; "" = delivered
+	}
+	var cells []cell
+	for _, ph := range []struct {
+		name string
+		n    int
+	}{{"small", 200}, {"large", 100 << 10}, {"rendezvous", 2 << 20}} {
+		cells = append(cells, cell{name: ph.name + "/clean", write: ph.n})
+		cells = append(cells, cell{name: ph.name + "/qp-error", write: ph.n, want: "lost",
+			rule: func(qp uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActQPError, Nth: 2,
+					Match: func(ev *fault.Event) bool { return ev.QPNum == qp }}
+			}})
+		for _, st := range []transport.Status{transport.StatusLocLenErr, transport.StatusLocQPOpErr, transport.StatusLocProtErr,
+			transport.StatusWRFlushErr, transport.StatusRemAccessErr, transport.StatusRemOpErr, transport.StatusRetryExcErr,
+			transport.StatusRNRRetryExcErr, transport.StatusFatalErr, transport.StatusGeneralErr} {
+			cells = append(cells, cell{name: ph.name + "/" + strings.ReplaceAll(st.String(), " ", "-"), write: ph.n, want: st.String(),
+				rule: func(qp uint32) *fault.Rule {
+					return &fault.Rule{Op: fault.OpCompletion, Action: fault.ActStatus, Status: st, Nth: 2,
+						Match: func(ev *fault.Event) bool { return ev.QPNum == qp && ev.WC.Opcode == transport.WCRDMAWrite }}
+				}})
+		}
+	}
+	cells = append(cells,
+		cell{name: "enlarging/registration-fails", write: 100 << 10,
+			rule: func(uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: largeBytes}
+			}},
+		cell{name: "rendezvous/registration-fails", write: 2 << 20,
+			rule: func(uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: 1 << 20}
+			}},
+	)
+	for _, tc := range cells {
+		t.Run(tc.name, func(t *testing.T) {
+			goroutines := goleak.IgnoreCurrent()
+			budget := bufpool.NewBudget(0)
+			a, b := conns(t, WithProvider(leaks.Name()), WithBudget(budget), WithRendezvousThreshold(1<<20))
+			transfer(t, a, b, random(10), writeAll(a)) // connected and working
+			if tc.rule != nil {
+				h := leaks.MustAdd(*tc.rule(a.qp.Num()))
+				defer h.Remove()
+			}
+			data := random(tc.write)
+			readErr := make(chan error, 1)
+			go func() {
+				got := make([]byte, len(data))
+				_, err := io.ReadFull(b, got)
+				if err == nil && string(got) != string(data) {
+					err = errors.New("data differs")
+				}
+				readErr <- err
+			}()
+			_, werr := a.Write(data)
+			var rerr error
+			if tc.want == "" {
+				rerr = <-readErr
+				if werr != nil || rerr != nil {
+					t.Fatalf("write %v, read %v; want the data delivered", werr, rerr)
+				}
+			} else {
+				// The writer fails, at once or at its next operation; the
+				// reader fails or times out, never hangs.
+				if werr == nil {
+					_, werr = a.Write(data[:1])
+				}
+				for i := 0; werr == nil && i < 100; i++ {
+					time.Sleep(10 * time.Millisecond)
+					_, werr = a.Write(data[:1])
+				}
+				if werr == nil || !strings.Contains(werr.Error(), tc.want) {
+					t.Fatalf("writer's error %v, want one naming %q", werr, tc.want)
+				}
+				// The reader gets the data in full (it was delivered
+				// before the fault) or an error: never a hang, never
+				// wrong bytes.
+				b.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if rerr = <-readErr; rerr != nil && isTimeout(rerr) {
+					t.Fatalf("the reader was not told of the failure: %v", rerr)
+				}
+			}
+			a.Close()
+			b.Close()
+			noLeaks(t, budget, goroutines)
+		})
+	}
+}

@@ -1,0 +1,347 @@
+package conn
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// M5, rendezvous: a message above the rendezvous threshold is not pushed
+// through the rings. The writer (the holder) copies it into registered
+// memory of its own and advertises it; the reader, when it reads, asks for
+// exactly the part it has a destination for, naming source and
+// destination segments; the holder checks the source against what it
+// advertised on this connection and RDMA-writes into the destination, the
+// last segment with the request's sequence in its immediate. That
+// immediate completes the read: the data is then copied once, into the
+// reader's slice.
+//
+// The holder's memory is never remotely accessible: the peer only names
+// it, and the holder does the writes. The token in an advert makes a
+// request for a message that is no longer advertised fail even when its
+// sequence number comes round again.
+
+const (
+	// rdvRing marks a recvQ entry that is a rendezvous message.
+	rdvRing = 2
+	// maxAdverts bounds the messages one writer keeps advertised (and so
+	// its registered source memory): two let it copy the next chunk while
+	// the peer fetches the previous one.
+	maxAdverts = 2
+	// maxServing bounds read requests being written at once. A reader has
+	// one request outstanding; the holder may see its next one before it
+	// polled the completion of the previous.
+	maxServing = 4
+	// rdvSegment is the largest single RDMA write of a transfer.
+	rdvSegment = 1 << 20
+	// idRdv marks the work requests of a transfer (the holder's writes).
+	idRdv = 1 << 60
+)
+
+var errPeerClosed = errors.New("conn: the peer closed the connection and reads no more")
+
+var errRefusedRead = errors.New("conn: refused the peer's read request")
+
+// advert is a message this side holds for the peer.
+type advert struct {
+	seq, token uint32
+	buf        *bufpool.Buffer
+	size       int
+	requested  int // bytes asked for: the next request must start here
+	written    int // bytes whose writes completed
+}
+
+// inAdvert is a message the peer holds for us, in stream order.
+type inAdvert struct {
+	seq, token uint32
+	addr       uint64
+	size       int
+	requested  int
+}
+
+// readReq is this side's read request: at most one at a time.
+type readReq struct {
+	active, landed bool
+	seq            uint32
+	dst            *bufpool.Buffer
+	n, off         int // bytes requested; bytes copied out
+	start          time.Time
+}
+
+type rendezvous struct {
+	// as holder
+	seq     uint32
+	out     []*advert
+	serving []int // bytes of each request being written, in order
+	// peerClosed: the peer reads no more; what it did not fetch is lost,
+	// as unread data is when a TCP peer closes.
+	peerClosed bool
+	// as reader
+	in     []inAdvert
+	req    readReq
+	reqSeq uint32
+}
+
+// writeRendezvous sends b by M5, a chunk (an advert) at a time; c.wmu is
+// held. When no registered memory can be had for a chunk (the budget),
+// that chunk goes through the rings instead: the data always goes through.
+func (c *Conn) writeRendezvous(b []byte) (int, error) {
+	n := 0
+	for len(b) > 0 {
+		k := min(len(b), c.o.rdvChunk)
+		c.mu.Lock()
+		for {
+			err := c.writeErrLocked()
+			if err == nil && c.rdv.peerClosed {
+				err = errPeerClosed
+			}
+			if err != nil {
+				c.mu.Unlock()
+				return n, c.opErr("write", err)
+			}
+			if len(c.rdv.out) < maxAdverts {
+				break
+			}
+			c.waitLocked(c.wdl)
+		}
+		c.mu.Unlock()
+		buf, err := c.pool.Get(bufpool.Owner(c.id), k, transport.AccessLocalWrite)
+		if err != nil {
+			c.mu.Lock()
+			c.st.RendezvousFallbacks++
+			c.mu.Unlock()
+			if len(b) > c.o.threshold {
+				if err := c.enlarge(); err != nil {
+					return n, c.opErr("write", err)
+				}
+			}
+			m, err := c.write(b[:k])
+			n += m
+			if err != nil {
+				return n, err
+			}
+			b = b[k:]
+			continue
+		}
+		copy(buf.Bytes(), b[:k])
+		c.mu.Lock()
+		c.rdv.seq++
+		a := &advert{seq: c.rdv.seq, token: rand.Uint32(), buf: buf, size: k}
+		c.rdv.out = append(c.rdv.out, a)
+		err = c.sendRecordLocked(record{typ: recAdvert, seq: a.seq, addr: buf.Addr(), rkey: a.token, size: uint32(k)}, c.wdl, true)
+		if err != nil {
+			// Not advertised: take it back.
+			c.rdv.out = c.rdv.out[:len(c.rdv.out)-1]
+			buf.Release()
+			c.mu.Unlock()
+			return n, c.opErr("write", err)
+		}
+		c.st.Rendezvous++
+		c.tel.RendezvousOut(k)
+		c.st.BytesOut += uint64(k)
+		c.mu.Unlock()
+		n += k
+		b = b[k:]
+	}
+	return n, nil
+}
+
+// advertLocked queues a message the peer holds for us (poller).
+func (c *Conn) advertLocked(r record) error {
+	if c.eofIn {
+		return fmt.Errorf("%w: rendezvous advert after end of stream", errProtocol)
+	}
+	if len(c.rdv.in) > maxAdverts {
+		return fmt.Errorf("%w: more than %d rendezvous adverts outstanding", errProtocol, maxAdverts)
+	}
+	c.rdv.in = append(c.rdv.in, inAdvert{seq: r.seq, token: r.rkey, addr: r.addr, size: int(r.size)})
+	c.recvQ = append(c.recvQ, entry{ring: rdvRing})
+	c.st.RendezvousIn++
+	c.tel.RendezvousIn()
+	return nil
+}
+
+// serveReadLocked checks a read request against what this connection
+// advertised and writes the data (poller). Requests must come in order:
+// the first advert not fully asked for, from where the last one ended.
+func (c *Conn) serveReadLocked(r record) error {
+	var a *advert
+	for _, x := range c.rdv.out {
+		if x.requested < x.size {
+			a = x
+			break
+		}
+	}
+	switch {
+	case a == nil:
+		return fmt.Errorf("%w: read request %d with nothing advertised", errRefusedRead, r.seq)
+	case r.count != a.seq:
+		return fmt.Errorf("%w: read request for advert %d, the pending one is %d", errRefusedRead, r.count, a.seq)
+	case r.rkey != a.token:
+		return fmt.Errorf("%w: wrong token for advert %d", errRefusedRead, a.seq)
+	case r.addr != a.buf.Addr()+uint64(a.requested) || int64(r.size) > int64(a.size-a.requested):
+		return fmt.Errorf("%w: source %#x+%d is not the next part of advert %d (%#x+%d, %d asked for)",
+			errRefusedRead, r.addr, r.size, a.seq, a.buf.Addr(), a.size, a.requested)
+	case len(c.rdv.serving) >= maxServing:
+		return fmt.Errorf("%w: more than %d read requests at once", errRefusedRead, maxServing)
+	}
+	n := int(r.size)
+	off := a.requested
+	for done := 0; done < n; {
+		k := min(n-done, rdvSegment)
+		wr := transport.SendWR{
+			ID: idRdv | uint64(r.seq), Opcode: transport.OpWrite,
+			SG:         []transport.SGE{{Addr: a.buf.Addr() + uint64(off+done), Length: uint32(k), LKey: a.buf.LKey()}},
+			RemoteAddr: r.addr2 + uint64(done), RKey: r.rkey2,
+		}
+		if done+k == n {
+			cring, credits := c.takeCreditsLocked()
+			wr.Opcode, wr.Signaled = transport.OpWriteWithImm, true
+			wr.Imm = encodeImm(kindReadEnd, cring, credits, int(r.seq&maxLen))
+		}
+		if _, err := c.qp.PostSend(wr); err != nil {
+			return fmt.Errorf("conn: post rendezvous write: %w", err)
+		}
+		done += k
+	}
+	a.requested += n
+	c.rdv.serving = append(c.rdv.serving, n)
+	c.st.MessagesOut++
+	return nil
+}
+
+// servedLocked accounts the completion of a read request's writes.
+func (c *Conn) servedLocked() error {
+	if len(c.rdv.serving) == 0 || len(c.rdv.out) == 0 {
+		return fmt.Errorf("%w: rendezvous completion with no transfer", errProtocol)
+	}
+	n := c.rdv.serving[0]
+	c.rdv.serving = c.rdv.serving[1:]
+	a := c.rdv.out[0]
+	a.written += n
+	if a.written == a.size {
+		a.buf.Release()
+		c.rdv.out = c.rdv.out[1:]
+	}
+	return nil
+}
+
+// readEndLocked completes our read request (poller).
+func (c *Conn) readEndLocked(seq int) error {
+	q := &c.rdv.req
+	if !q.active || q.landed || uint32(seq) != q.seq&maxLen {
+		return fmt.Errorf("%w: end of read request %d, none such outstanding", errProtocol, seq)
+	}
+	q.landed = true
+	c.tel.ReadLanded(q.n)
+	c.st.RendezvousBytesIn += uint64(q.n)
+	c.st.LastRendezvousDuration = time.Since(q.start)
+	return nil
+}
+
+// readRendezvousLocked serves Read from the rendezvous message at the
+// head of the stream: it asks for the next part when no request is out,
+// waits for it to land, then copies. c.rmu and c.mu are held; done
+// reports whether Read should return (n, err), else it waits and retries.
+func (c *Conn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
+	a := &c.rdv.in[0]
+	q := &c.rdv.req
+	if !q.active {
+		if c.err != nil {
+			return 0, c.opErr("read", c.err), true
+		}
+		k := min(a.size-a.requested, c.o.rdvChunk)
+		c.mu.Unlock()
+		dst, gerr := c.pool.Get(bufpool.Owner(c.id), k, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+		c.mu.Lock()
+		a = &c.rdv.in[0] // the poller may have grown the queue meanwhile
+		if gerr != nil {
+			// No way to take the data: the stream cannot go on.
+			c.failLocked(fmt.Errorf("conn: rendezvous destination of %d bytes: %w", k, gerr))
+			return 0, c.opErr("read", c.err), true
+		}
+		c.rdv.reqSeq++
+		*q = readReq{active: true, seq: c.rdv.reqSeq, dst: dst, n: k, start: time.Now()}
+		r := record{typ: recRead, seq: q.seq, count: a.seq, rkey: a.token, addr: a.addr + uint64(a.requested), size: uint32(k),
+			addr2: dst.Addr(), rkey2: dst.RKey()}
+		if serr := c.sendRecordLocked(r, c.rdl, true); serr != nil {
+			dst.Release()
+			*q = readReq{}
+			c.rdv.reqSeq--
+			return 0, c.opErr("read", serr), true
+		}
+		a = &c.rdv.in[0] // sending may have waited, and the queue grown
+		a.requested += k
+		c.tel.ReadRequested(q.seq, a.seq, k, q.start)
+	}
+	if !q.landed {
+		return 0, nil, false
+	}
+	k := copy(b, q.dst.Bytes()[q.off:q.n])
+	q.off += k
+	c.st.BytesIn += uint64(k)
+	if q.off == q.n {
+		q.dst.Release()
+		*q = readReq{}
+		if a.requested == a.size {
+			c.rdv.in = c.rdv.in[1:]
+			c.recvQ = c.recvQ[1:]
+		}
+	}
+	return k, nil, true
+}
+
+// spillLocked is called by a reader that must ask for the rendezvous
+// message at the head of its stream and has no credit to do it with. The
+// peer may be in the same state: its reader at one of our messages, with
+// no credit either, because our ring is full of its data queued behind
+// the message we wait for and of its read requests after that data (a
+// slot is released only after those before it). Neither could ask: a
+// deadlock. So when one of our rings is full (the peer can send nothing
+// into it), we copy the oldest messages queued behind the head into
+// memory of our own until a slot is free, and give it back at once. The
+// peer's writer never takes its last credit, so that one goes to its
+// read request: the peer reads on, and gives us the credit we wait for.
+// A ring that is not full is never spilled, so a peer that writes and
+// does not read meets back-pressure as before; a full ring is spilled by
+// a slot per read request of the peer's, and the peer makes none while
+// we have no credit to advertise with: the copies stay a few slots.
+func (c *Conn) spillLocked() {
+	spilled := false
+	for ring := range c.rx {
+		r := &c.rx[ring]
+		for i := 1; i < len(c.recvQ) && r.buf != nil && r.arrived-r.released >= uint64(r.count); i++ {
+			e := &c.recvQ[i] // the head is the rendezvous message
+			if int(e.ring) != ring || e.spill != nil {
+				continue
+			}
+			off := int(e.slot) * r.size
+			e.spill = bytes.Clone(r.buf.Bytes()[off : off+int(e.n)])
+			r.consume(int(e.slot))
+			r.urgent = true
+			c.st.SpilledBytes += uint64(e.n)
+			spilled = true
+		}
+	}
+	if spilled {
+		c.returnCreditsLocked()
+		c.maybeFreeSmallLocked()
+	}
+}
+
+// releaseRendezvous gives back the memory of transfers cut short.
+func (c *Conn) releaseRendezvous() {
+	for _, a := range c.rdv.out {
+		a.buf.Release()
+	}
+	c.rdv.out = nil
+	if c.rdv.req.dst != nil {
+		c.rdv.req.dst.Release()
+		c.rdv.req.dst = nil
+	}
+}

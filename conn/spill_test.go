@@ -1,0 +1,51 @@
+package conn
+
+import (
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A's reader is stuck at B's second rendezvous chunk with no credit (B
+// never reads, A's data fills B's ring) while B keeps writing small
+// messages. The spill that breaks the both-readers deadlock must not give
+// B's writer credits: A's ring is never full (B's writer keeps its last
+// credit), so nothing is spilled and B's writes meet back-pressure. (A
+// first version spilled on every wake-up and buffered B's whole output.)
+func TestSpillKeepsBackPressure(t *testing.T) {
+	a, b := conns(t, WithRendezvousThreshold(64<<10), WithRendezvousChunk(64<<10))
+	go func() { // fill b's ring with a's data; b never reads
+		m := random(1000)
+		for {
+			if _, err := a.Write(m); err != nil {
+				return
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := b.Write(random(128 << 10)); err != nil { // two adverts
+		t.Fatal(err)
+	}
+	var wrote atomic.Int64
+	go func() {
+		m := random(1000)
+		for {
+			n, err := b.Write(m)
+			wrote.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}()
+	go func() {
+		buf := make([]byte, 128<<10)
+		io.ReadFull(a, buf) // chunk 1 lands; chunk 2 needs a credit
+	}()
+	time.Sleep(3 * time.Second)
+	s := a.Stats()
+	t.Logf("b wrote %d bytes after the rendezvous message; a spilled %d bytes, read %d", wrote.Load(), s.SpilledBytes, s.BytesIn)
+	if s.SpilledBytes > 64<<10 {
+		t.Errorf("a holds %d spilled bytes (rings: %d): no back-pressure", s.SpilledBytes, DefaultSlotSize*DefaultSlotCount)
+	}
+}

@@ -1,0 +1,111 @@
+package conn
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
+)
+
+// OpenTelemetry glue: the protocol code calls c.tel (nil-safe) at its
+// points; what those calls need from the connection's state is computed
+// here, so the protocol files carry one line per hook.
+
+// telemetryOutcomes maps enlargement outcomes (enlarge.go) to their
+// rdmagrpc.enlargement.outcome values.
+var telemetryOutcomes = [...]telemetry.Outcome{
+	outcomeEnlarged:   telemetry.Enlarged,
+	outcomeRefused:    telemetry.Refused,
+	outcomeTimedOut:   telemetry.TimedOut,
+	outcomeLocalErr:   telemetry.LocalError,
+	outcomeServed:     telemetry.Served,
+	outcomeServeError: telemetry.ServeRefused,
+}
+
+var errPeerRefused = errors.New("peer refused to provision large buffers")
+
+// endEnlargeTelemetryLocked ends the sender's enlargement span with the
+// outcome finishEnlargeLocked recorded, and the reason of a failure.
+func (c *Conn) endEnlargeTelemetryLocked(outcome int) {
+	var reason error
+	switch outcome {
+	case outcomeRefused:
+		reason = errPeerRefused
+	case outcomeTimedOut:
+		reason = fmt.Errorf("no acknowledgement after %d requests, %v each", c.enl.attempts, c.o.ackTimeout)
+	case outcomeLocalErr:
+		reason = fmt.Errorf("large send buffers: %w", c.enl.localErr)
+	}
+	phase := telemetry.Small
+	if c.enl.phase == phaseLarge {
+		phase = telemetry.Large
+	}
+	c.enl.tel.End(telemetryOutcomes[outcome], phase, c.st.LastEnlargeDuration, reason)
+	c.enl.tel = nil
+}
+
+// abortEnlargeTelemetryLocked ends a sender's enlargement span that
+// enlarge left without an outcome: the write's deadline passed, the
+// connection closed or failed. The next large write starts a new one.
+func (c *Conn) abortEnlargeTelemetryLocked() {
+	if c.enl.tel == nil {
+		return
+	}
+	err := c.writeErrLocked()
+	if err == nil {
+		err = errors.New("enlargement abandoned")
+	}
+	c.enl.tel.Abort(err)
+	c.enl.tel = nil
+}
+
+// endServeTelemetryLocked ends the receiver's enlargement span once the
+// answer is posted: served with the large ring, or refused.
+func (c *Conn) endServeTelemetryLocked(tel *telemetry.Enlargement) {
+	if tel == nil {
+		return
+	}
+	served := c.rx[large].buf != nil
+	tel.Answered(served)
+	if served {
+		tel.End(telemetry.Served, telemetry.Large, 0, nil)
+		return
+	}
+	tel.End(telemetry.ServeRefused, telemetry.Small, 0, fmt.Errorf("large receive buffers: %w", c.enl.rxRefused))
+}
+
+// telemetrySnapshot is what the gauges read, at collection time.
+func (c *Conn) telemetrySnapshot() telemetry.Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := telemetry.Snapshot{
+		Large:      c.enl.phase == phaseLarge,
+		SmallBytes: bufLen(c.rx[small].buf) + bufLen(c.tx[small].stage),
+		LargeBytes: bufLen(c.rx[large].buf) + bufLen(c.tx[large].stage),
+	}
+	// The rest of the pool: rendezvous regions in use or kept for reuse.
+	s.RendezvousBytes = c.pool.Stats().RegisteredBytes - s.SmallBytes - s.LargeBytes
+	return s
+}
+
+func bufLen(b *bufpool.Buffer) int64 {
+	if b == nil {
+		return 0
+	}
+	return int64(b.Len())
+}
+
+// endTelemetry ends the connection span; a connection reset or broken by
+// its peer (abortLocked) ends it in error.
+func (c *Conn) endTelemetry() {
+	if c.tel == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.aborted {
+		c.tel.Fail(c.err)
+	}
+	c.mu.Unlock()
+	c.tel.End()
+}

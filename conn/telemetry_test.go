@@ -1,0 +1,513 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
+	"github.com/rdmagrpc/rdmagrpc/transport/fault"
+)
+
+// otelSDK is a real SDK with in-memory exporters: every span ended, and
+// metrics on demand.
+type otelSDK struct {
+	spans  *tracetest.SpanRecorder
+	reader *sdkmetric.ManualReader
+	tp     *sdktrace.TracerProvider
+	mp     *sdkmetric.MeterProvider
+}
+
+func newOtelSDK(t *testing.T) *otelSDK {
+	h := &otelSDK{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader()}
+	h.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.spans))
+	h.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader))
+	t.Cleanup(func() {
+		h.tp.Shutdown(context.Background())
+		h.mp.Shutdown(context.Background())
+	})
+	return h
+}
+
+func (h *otelSDK) opts(more ...Option) []Option {
+	return append([]Option{WithTracerProvider(h.tp), WithMeterProvider(h.mp)}, more...)
+}
+
+// metrics collects and returns, per metric name, each data point's value
+// (a sum's value, a histogram's count) keyed by its attributes as
+// "k=v,k=v" ("" for none).
+func (h *otelSDK) metrics(t *testing.T) map[string]map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := h.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name != telemetry.ScopeName {
+			continue
+		}
+		for _, m := range sm.Metrics {
+			pts := map[string]int64{}
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					pts[attrKey(p.Attributes)] = p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					pts[attrKey(p.Attributes)] = int64(p.Count)
+				}
+			default:
+				t.Fatalf("metric %s: unexpected data %T", m.Name, m.Data)
+			}
+			out[m.Name] = pts
+		}
+	}
+	return out
+}
+
+func attrKey(s attribute.Set) string {
+	var kv []string
+	for _, a := range s.ToSlice() {
+		kv = append(kv, string(a.Key)+"="+a.Value.String())
+	}
+	return strings.Join(kv, ",")
+}
+
+// spansNamed returns the ended spans of that name, in the order they ended.
+func (h *otelSDK) spansNamed(name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range h.spans.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrsOf(kv []attribute.KeyValue) map[string]attribute.Value {
+	m := map[string]attribute.Value{}
+	for _, a := range kv {
+		m[string(a.Key)] = a.Value
+	}
+	return m
+}
+
+// checkAttrs compares a span's attributes with want exactly: the same
+// keys, the same values; a nil want value asks only for a positive
+// duration (seconds) under that key.
+func checkAttrs(t *testing.T, what string, got []attribute.KeyValue, want map[string]any) {
+	t.Helper()
+	g := attrsOf(got)
+	var keys []string
+	for k := range g {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if len(g) != len(want) {
+		t.Errorf("%s: attributes %v, want the keys of %v", what, keys, want)
+	}
+	for k, w := range want {
+		v, ok := g[k]
+		switch {
+		case !ok:
+			t.Errorf("%s: no attribute %s (has %v)", what, k, keys)
+		case w == nil:
+			if v.Type() != attribute.FLOAT64 || v.AsFloat64() <= 0 {
+				t.Errorf("%s: %s = %v, want a positive duration", what, k, v.String())
+			}
+		case fmt.Sprint(w) != v.String():
+			t.Errorf("%s: %s = %v, want %v", what, k, v.String(), w)
+		}
+	}
+}
+
+func hostPort(t *testing.T, a net.Addr) (string, int) {
+	t.Helper()
+	h, p, err := net.SplitHostPort(a.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(p)
+	return h, n
+}
+
+// peerAttrs are the attributes every child span of c carries.
+func peerAttrs(t *testing.T, c *Conn) map[string]any {
+	host, port := hostPort(t, c.RemoteAddr())
+	return map[string]any{
+		"rdmagrpc.connection.id": c.id, "network.transport": "rdma",
+		"network.peer.address": host, "network.peer.port": port, "network.type": "ipv4",
+	}
+}
+
+func with(m map[string]any, kv ...any) map[string]any {
+	out := maps.Clone(m)
+	for i := 0; i < len(kv); i += 2 {
+		out[kv[i].(string)] = kv[i+1]
+	}
+	return out
+}
+
+func eventNames(s sdktrace.ReadOnlySpan) []string {
+	var n []string
+	for _, e := range s.Events() {
+		n = append(n, e.Name)
+	}
+	return n
+}
+
+// The scripted workload: a credit stall, one enlargement, one rendezvous
+// transfer, close. Every span and metric is checked exactly.
+func TestTelemetryScriptedWorkload(t *testing.T) {
+	h := newOtelSDK(t)
+	a, b := conns(t, h.opts()...)
+
+	// One stall: three 1000-byte writes take the small ring's credits but
+	// the one kept for records; the fourth waits until b reads.
+	errc := make(chan error, 1)
+	go func() {
+		for range 4 {
+			if _, err := a.Write(random(1000)); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	waitFor(t, func() bool { return a.Stats().CreditStalls == 1 })
+	if _, err := io.ReadFull(b, make([]byte, 4000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	transfer(t, a, b, random(40<<10), writeAll(a)) // enlarges a→b
+	transfer(t, a, b, random(1<<20), writeAll(a))  // one rendezvous advert
+
+	const mib = 1 << 20
+	sa, sb := a.Stats(), b.Stats()
+	if sa.CreditStalls != 1 || sa.Enlargements != 1 || sb.EnlargementsServed != 1 || sa.Rendezvous != 1 || sb.RendezvousIn != 1 {
+		t.Fatalf("workload did not go as scripted: writer %+v reader %+v", sa, sb)
+	}
+
+	// Gauges while both are open: the client sends in the large phase, the
+	// server in the small one; small rings and staging, one large ring
+	// each side, and the 1 MiB rendezvous region each side keeps for reuse.
+	m := h.metrics(t)
+	wantGauges := func(when string, open int64, small, large, rdv int64) {
+		t.Helper()
+		checkPoints(t, when, m, telemetry.MetricConnections, map[string]int64{
+			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client": open,
+			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=client": 0,
+			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=server": 0,
+			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=server": open,
+		})
+		checkPoints(t, when, m, telemetry.MetricRegistered, map[string]int64{
+			"rdmagrpc.buffer.phase=small": small, "rdmagrpc.buffer.phase=large": large, "rdmagrpc.buffer.phase=rendezvous": rdv,
+		})
+	}
+	wantGauges("open", 1, smallBytes*2, largeBytes*2, 2*mib)
+	if sum := sa.RegisteredBytes + sb.RegisteredBytes; sum != 2*smallBytes+2*largeBytes+2*mib {
+		t.Errorf("Stats say %d registered bytes, the gauge %d", sum, 2*smallBytes+2*largeBytes+2*mib)
+	}
+
+	a.Close()
+	b.Close()
+
+	// Spans: two connections, one enlargement each side, one read.
+	if n := len(h.spans.Ended()); n != 5 {
+		for _, s := range h.spans.Ended() {
+			t.Logf("span %s %v", s.Name(), s.Attributes())
+		}
+		t.Fatalf("%d spans, want 5", n)
+	}
+	connSpans := h.spansNamed(telemetry.SpanConn)
+	if len(connSpans) != 2 {
+		t.Fatalf("%d connection spans, want 2", len(connSpans))
+	}
+	byRole := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range connSpans {
+		byRole[attrsOf(s.Attributes())["rdmagrpc.connection.role"].AsString()] = s
+	}
+	for _, x := range []struct {
+		role string
+		c    *Conn
+	}{{"client", a}, {"server", b}} {
+		s := byRole[x.role]
+		if s == nil {
+			t.Fatalf("no %s connection span", x.role)
+		}
+		lh, lp := hostPort(t, x.c.LocalAddr())
+		checkAttrs(t, x.role+" connection", s.Attributes(), with(peerAttrs(t, x.c),
+			"rdmagrpc.connection.role", x.role, "rdmagrpc.provider", x.c.provider,
+			"network.local.address", lh, "network.local.port", lp))
+		if s.Status().Code != codes.Unset || s.SpanKind().String() != "internal" || s.Parent().IsValid() {
+			t.Errorf("%s connection span: status %v, kind %v, parent %v; want unset, internal, a root", x.role, s.Status(), s.SpanKind(), s.Parent())
+		}
+		// Registrations of its pool: small ring and staging, one large
+		// buffer, one rendezvous region.
+		var regs []int64
+		for _, e := range s.Events() {
+			if e.Name != telemetry.EventRegistration {
+				t.Errorf("%s connection span: event %s", x.role, e.Name)
+				continue
+			}
+			checkAttrs(t, x.role+" registration event", e.Attributes, map[string]any{
+				"rdmagrpc.registration.bytes": attrsOf(e.Attributes)["rdmagrpc.registration.bytes"].AsInt64(), "rdmagrpc.registration.duration": nil})
+			regs = append(regs, attrsOf(e.Attributes)["rdmagrpc.registration.bytes"].AsInt64())
+		}
+		if want := []int64{smallBytes / 2, smallBytes / 2, largeBytes, mib}; !slices.Equal(regs, want) {
+			t.Errorf("%s registrations %v, want %v", x.role, regs, want)
+		}
+	}
+
+	childOf := func(s sdktrace.ReadOnlySpan, parent sdktrace.ReadOnlySpan) {
+		t.Helper()
+		if s.Parent().SpanID() != parent.SpanContext().SpanID() || s.SpanContext().TraceID() != parent.SpanContext().TraceID() {
+			t.Errorf("%s: parent %v, want the connection span %v", s.Name(), s.Parent().SpanID(), parent.SpanContext().SpanID())
+		}
+		if s.Status().Code != codes.Unset {
+			t.Errorf("%s: status %v", s.Name(), s.Status())
+		}
+	}
+	send := h.spansNamed(telemetry.SpanEnlargeSender)
+	recv := h.spansNamed(telemetry.SpanEnlargeReceiver)
+	read := h.spansNamed(telemetry.SpanRendezvousRead)
+	if len(send) != 1 || len(recv) != 1 || len(read) != 1 {
+		t.Fatalf("%d sender, %d receiver enlargement spans and %d read spans; want 1 each", len(send), len(recv), len(read))
+	}
+	childOf(send[0], byRole["client"])
+	checkAttrs(t, "sender enlargement", send[0].Attributes(), with(peerAttrs(t, a),
+		"rdmagrpc.enlargement.side", "sender", "rdmagrpc.enlargement.from_size", DefaultSlotSize,
+		"rdmagrpc.enlargement.to_size", DefaultLargeSize, "rdmagrpc.enlargement.to_count", DefaultLargeCount,
+		"rdmagrpc.enlargement.outcome", "enlarged", "rdmagrpc.buffer.phase", "large",
+		"rdmagrpc.enlargement.attempts", 1, "rdmagrpc.registration.duration", nil))
+	if ev := eventNames(send[0]); !slices.Equal(ev, []string{telemetry.EventEnlargeRequest, telemetry.EventEnlargeAck}) {
+		t.Errorf("sender enlargement events %v", ev)
+	}
+	if d := send[0].EndTime().Sub(send[0].StartTime()); d != sa.LastEnlargeDuration {
+		t.Errorf("sender enlargement span lasted %v, Stats say %v", d, sa.LastEnlargeDuration)
+	}
+	childOf(recv[0], byRole["server"])
+	checkAttrs(t, "receiver enlargement", recv[0].Attributes(), with(peerAttrs(t, b),
+		"rdmagrpc.enlargement.side", "receiver", "rdmagrpc.enlargement.from_size", DefaultSlotSize,
+		"rdmagrpc.enlargement.to_size", DefaultLargeSize, "rdmagrpc.enlargement.to_count", DefaultLargeCount,
+		"rdmagrpc.enlargement.outcome", "served", "rdmagrpc.buffer.phase", "large", "rdmagrpc.registration.duration", nil))
+	if ev := eventNames(recv[0]); !slices.Equal(ev, []string{telemetry.EventEnlargeAnswered}) {
+		t.Errorf("receiver enlargement events %v", ev)
+	}
+	// The control message is seen after the sender started. (Where the
+	// receiver's span ends against the sender's is not ordered: the ack
+	// may be handled before the receiver's goroutine takes its time.)
+	if recv[0].StartTime().Before(send[0].StartTime()) {
+		t.Errorf("receiver span starts at %v, before the sender's %v", recv[0].StartTime(), send[0].StartTime())
+	}
+	childOf(read[0], byRole["server"])
+	checkAttrs(t, "rendezvous read", read[0].Attributes(), with(peerAttrs(t, b),
+		"rdmagrpc.rendezvous.bytes", mib, "rdmagrpc.rendezvous.advert", 1, "rdmagrpc.rendezvous.request", 1))
+
+	// Metrics after close: counters exact, gauges back to zero.
+	m = h.metrics(t)
+	wantGauges("closed", 0, 0, 0, 0)
+	enl := map[string]int64{
+		"rdmagrpc.enlargement.outcome=enlarged,rdmagrpc.enlargement.side=sender": 1,
+		"rdmagrpc.enlargement.outcome=served,rdmagrpc.enlargement.side=receiver": 1,
+	}
+	checkPoints(t, "closed", m, telemetry.MetricEnlargements, enl)
+	checkPoints(t, "closed", m, telemetry.MetricEnlargeDuration, enl)
+	checkPoints(t, "closed", m, telemetry.MetricRegistrations, map[string]int64{"": 8})
+	checkPoints(t, "closed", m, telemetry.MetricRegDuration, map[string]int64{"": 8})
+	checkPoints(t, "closed", m, telemetry.MetricRegBytes, map[string]int64{"": 2*smallBytes + 2*largeBytes + 2*mib})
+	checkPoints(t, "closed", m, telemetry.MetricCreditStalls, map[string]int64{"rdmagrpc.connection.role=client": 1})
+	checkPoints(t, "closed", m, telemetry.MetricRendezvous, map[string]int64{"network.io.direction=transmit": 1, "network.io.direction=receive": 1})
+	checkPoints(t, "closed", m, telemetry.MetricRendezvousBytes, map[string]int64{"network.io.direction=transmit": mib, "network.io.direction=receive": mib})
+	if len(m) != 10 {
+		t.Errorf("%d metrics, want 10: %v", len(m), m)
+	}
+}
+
+func checkPoints(t *testing.T, when string, m map[string]map[string]int64, name string, want map[string]int64) {
+	t.Helper()
+	got, ok := m[name]
+	if !ok {
+		t.Errorf("%s: no metric %s", when, name)
+		return
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: %s = %v, want %v", when, name, got, want)
+		return
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s: %s = %v, want %v", when, name, got, want)
+			return
+		}
+	}
+}
+
+// An acknowledgement that never arrives: the sender's span ends in error
+// with the reason, after one request per attempt; the receiver served.
+func TestTelemetryAckTimeout(t *testing.T) {
+	hr := faults.MustAdd(fault.Rule{Op: fault.OpPostSend, Action: fault.ActDrop, Match: isRecord(recAck)})
+	defer hr.Remove()
+	h := newOtelSDK(t)
+	a, b := conns(t, h.opts(WithProvider(faults.Name()), WithAckTimeout(100*time.Millisecond, 1))...)
+	transfer(t, a, b, random(64<<10), writeAll(a))
+	if s := a.Stats(); s.SendPhase != phaseNames[phaseTimedOut] {
+		t.Fatalf("writer after lost acks: %+v", s)
+	}
+	send := h.spansNamed(telemetry.SpanEnlargeSender)
+	if len(send) != 1 {
+		t.Fatalf("%d sender enlargement spans, want 1", len(send))
+	}
+	s := send[0]
+	if s.Status().Code != codes.Error || s.Status().Description != "no acknowledgement after 2 requests, 100ms each" {
+		t.Errorf("sender span status %+v", s.Status())
+	}
+	checkAttrs(t, "timed-out enlargement", s.Attributes(), with(peerAttrs(t, a),
+		"rdmagrpc.enlargement.side", "sender", "rdmagrpc.enlargement.from_size", DefaultSlotSize,
+		"rdmagrpc.enlargement.to_size", DefaultLargeSize, "rdmagrpc.enlargement.to_count", DefaultLargeCount,
+		"rdmagrpc.enlargement.outcome", "timed_out", "rdmagrpc.buffer.phase", "small",
+		"rdmagrpc.enlargement.attempts", 2, "error.type", "timed_out"))
+	if ev := eventNames(s); !slices.Equal(ev, []string{telemetry.EventEnlargeRequest, telemetry.EventEnlargeRequest}) {
+		t.Errorf("sender events %v, want two requests", ev)
+	}
+	if recv := h.spansNamed(telemetry.SpanEnlargeReceiver); len(recv) != 1 || recv[0].Status().Code != codes.Unset {
+		t.Errorf("receiver spans %v, want one served", recv)
+	}
+	checkPoints(t, "after time-out", h.metrics(t), telemetry.MetricEnlargements, map[string]int64{
+		"rdmagrpc.enlargement.outcome=timed_out,rdmagrpc.enlargement.side=sender": 1,
+		"rdmagrpc.enlargement.outcome=served,rdmagrpc.enlargement.side=receiver":  1,
+	})
+}
+
+// A registration the device refuses: the receiver's span and the
+// sender's both end in error with the reason, and the failed
+// registration is counted with its error.type.
+func TestTelemetryRegistrationRefused(t *testing.T) {
+	hr := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: largeBytes})
+	defer hr.Remove()
+	h := newOtelSDK(t)
+	a, b := conns(t, h.opts(WithProvider(faults.Name()))...)
+	transfer(t, a, b, random(64<<10), writeAll(a))
+	if hr.Fired() != 1 {
+		t.Fatalf("registration fault fired %d times, want 1", hr.Fired())
+	}
+	send, recv := h.spansNamed(telemetry.SpanEnlargeSender), h.spansNamed(telemetry.SpanEnlargeReceiver)
+	if len(send) != 1 || len(recv) != 1 {
+		t.Fatalf("%d sender and %d receiver spans, want 1 each", len(send), len(recv))
+	}
+	if st := send[0].Status(); st.Code != codes.Error || st.Description != errPeerRefused.Error() {
+		t.Errorf("sender status %+v", st)
+	}
+	if ev := eventNames(send[0]); !slices.Equal(ev, []string{telemetry.EventEnlargeRequest, telemetry.EventEnlargeRefusal}) {
+		t.Errorf("sender events %v", ev)
+	}
+	ra := attrsOf(recv[0].Attributes())
+	if st := recv[0].Status(); st.Code != codes.Error || !strings.HasPrefix(st.Description, "large receive buffers: ") ||
+		ra["rdmagrpc.enlargement.outcome"].AsString() != "serve_refused" || ra["error.type"].AsString() != "serve_refused" || ra["rdmagrpc.buffer.phase"].AsString() != "small" {
+		t.Errorf("receiver status %+v, attributes %v", st, recv[0].Attributes())
+	}
+	t.Logf("receiver's reason: %s", recv[0].Status().Description)
+	m := h.metrics(t)
+	checkPoints(t, "after refusal", m, telemetry.MetricEnlargements, map[string]int64{
+		"rdmagrpc.enlargement.outcome=refused,rdmagrpc.enlargement.side=sender":         1,
+		"rdmagrpc.enlargement.outcome=serve_refused,rdmagrpc.enlargement.side=receiver": 1,
+	})
+	regs := m[telemetry.MetricRegistrations]
+	if len(regs) != 2 || regs[""] != 4 {
+		t.Fatalf("registrations %v, want 4 without error and 1 with an error.type", regs)
+	}
+	for k, v := range regs {
+		if k != "" && (!strings.HasPrefix(k, "error.type=") || v != 1) {
+			t.Errorf("failed registrations: %s = %d, want one with an error.type", k, v)
+		}
+	}
+	// Bytes count what was registered: the refused 128 KiB is not.
+	checkPoints(t, "after refusal", m, telemetry.MetricRegBytes, map[string]int64{"": 2 * smallBytes})
+}
+
+// With no provider configured (the otel globals untouched) the telemetry
+// hooks on the write path allocate nothing, and a Write/Read loop after
+// the enlargement allocates exactly what it does with telemetry off.
+func TestTelemetryNoAllocsPerWrite(t *testing.T) {
+	noTelemetry := func(o *options) { o.noTelemetry = true }
+	enlarged := func(a, b *Conn) func() {
+		transfer(t, a, b, random(40<<10), writeAll(a)) // enlarge
+		if a.Stats().Enlargements != 1 {
+			t.Fatal("not enlarged")
+		}
+		buf, rb := random(32<<10), make([]byte, 32<<10)
+		return func() {
+			if _, err := a.Write(buf); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(b, rb); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a, b := conns(t)
+	if a.tel == nil || b.tel == nil {
+		t.Fatal("default options made no telemetry")
+	}
+	a0, b0 := conns(t, noTelemetry)
+	if a0.tel != nil {
+		t.Fatal("telemetry off, yet a.tel is set")
+	}
+	withLoop, withoutLoop := enlarged(a, b), enlarged(a0, b0)
+	// The least of rounds taken in turn: how often the reader sleeps
+	// (and so allocates a wake-up) depends on scheduling, most of all over
+	// verbs in the rxe guest; a stray allocation elsewhere only adds.
+	withTel, without := math.Inf(1), math.Inf(1)
+	for range 4 {
+		withTel = min(withTel, testing.AllocsPerRun(200, withLoop))
+		without = min(without, testing.AllocsPerRun(200, withoutLoop))
+	}
+	t.Logf("Write+Read of 32 KiB after enlargement: %v allocations with telemetry (no provider), %v with none", withTel, without)
+	if withTel > without {
+		t.Errorf("telemetry with no provider adds %v allocations per Write+Read", withTel-without)
+	}
+
+	// The hooks the write path calls (a credit stall, an advert sent),
+	// directly: zero, with no provider and with explicit no-op providers.
+	hooks := func(c *Conn) float64 {
+		return testing.AllocsPerRun(1000, func() {
+			c.tel.CreditStall()
+			c.tel.RendezvousOut(1 << 20)
+			c.tel.RendezvousIn()
+		})
+	}
+	if n := hooks(a); n != 0 {
+		t.Errorf("write-path hooks with no provider: %v allocations, want 0", n)
+	}
+	an, _ := conns(t, WithTracerProvider(tracenoop.NewTracerProvider()), WithMeterProvider(metricnoop.NewMeterProvider()))
+	if n := hooks(an); n != 0 {
+		t.Errorf("write-path hooks with no-op providers: %v allocations, want 0", n)
+	}
+	h := newOtelSDK(t)
+	as, bs := conns(t, h.opts()...)
+	transfer(t, as, bs, random(100), writeAll(as))
+	if n := hooks(as); n != 0 {
+		t.Errorf("write-path hooks with the SDK and a manual reader: %v allocations, want 0", n)
+	}
+}
