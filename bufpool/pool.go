@@ -39,6 +39,11 @@ type Options struct {
 	// keeps registered before deregistering the extras; default 64,
 	// negative keeps none.
 	MaxFree int
+	// OnRegister, when set, is called after every registration call
+	// (RegMR) with the class size, the time the call took and its error:
+	// Stats has only the sums, telemetry wants each one. It runs outside
+	// the pool's lock and must not block.
+	OnRegister func(size int, d time.Duration, err error)
 }
 
 // Owner identifies who holds a buffer, e.g. a connection id; 0 is the pool
@@ -77,6 +82,10 @@ type region struct {
 	key        freeKey
 	size       int
 	registered bool // false once Close revoked it while it was held
+	// dmu serializes deregistration: Close revoking a held region can
+	// race with the holder's Release destroying it, and a second Dereg
+	// of the same MR would fail and leak the memory.
+	dmu sync.Mutex
 }
 
 type freeKey struct {
@@ -93,6 +102,7 @@ type Pool struct {
 	minShift int
 	maxSize  int
 	maxFree  int
+	onReg    func(int, time.Duration, error)
 
 	regs, deregs, reuses, regNanos, doubles, trims, relErrs atomic.Uint64
 
@@ -125,6 +135,7 @@ func New(dev transport.Device, pd transport.PD, opts Options) (*Pool, error) {
 		minSize: opts.MinSize,
 		maxSize: opts.MaxSize,
 		maxFree: opts.MaxFree,
+		onReg:   opts.OnRegister,
 		free:    map[freeKey][]*region{},
 		out:     map[*region]Owner{},
 		owners:  map[Owner]OwnerStats{},
@@ -219,7 +230,11 @@ func (p *Pool) register(key freeKey, size int) (*region, error) {
 	}
 	start := time.Now()
 	mr, err := p.pd.RegMR(mem, key.access)
-	p.regNanos.Add(uint64(time.Since(start)))
+	d := time.Since(start)
+	p.regNanos.Add(uint64(d))
+	if p.onReg != nil {
+		p.onReg(size, d, err)
+	}
 	if err != nil {
 		p.budget.release(int64(size))
 		if ferr := p.dev.FreeMemory(mem); ferr != nil {
@@ -300,13 +315,8 @@ func (p *Pool) takeBackLocked(r *region, owner Owner) {
 // destroy deregisters r (if still registered) and frees its memory. It
 // must not be called with mu held.
 func (p *Pool) destroy(r *region) error {
-	p.mu.Lock()
-	registered := r.registered
-	p.mu.Unlock()
-	if registered {
-		if err := p.deregister(r); err != nil {
-			return err
-		}
+	if err := p.deregister(r); err != nil {
+		return err
 	}
 	if err := p.dev.FreeMemory(r.mem); err != nil {
 		return fmt.Errorf("bufpool: free %d bytes at %#x (memory leaked): %w", r.size, r.addr, err)
@@ -318,6 +328,14 @@ func (p *Pool) destroy(r *region) error {
 // budget. A failed Dereg keeps r counted and parks it for Close to retry:
 // the memory is still pinned, and saying otherwise would be a lie.
 func (p *Pool) deregister(r *region) error {
+	r.dmu.Lock()
+	defer r.dmu.Unlock()
+	p.mu.Lock()
+	registered := r.registered
+	p.mu.Unlock()
+	if !registered {
+		return nil
+	}
 	if err := r.mr.Dereg(); err != nil {
 		p.mu.Lock()
 		p.stuck = append(p.stuck, r)

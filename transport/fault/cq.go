@@ -13,9 +13,10 @@ import (
 // completion rules, and keeps completions that are held back (ActDelay) or
 // did not fit in the caller's slice, in order.
 type cq struct {
-	dev   *device
-	inner transport.CQ
-	buf   []transport.WorkCompletion
+	dev    *device
+	inner  transport.CQ
+	buf    []transport.WorkCompletion
+	closed once
 
 	mu    sync.Mutex // never held while waiting
 	queue []queued
@@ -31,8 +32,11 @@ func newCQ(d *device, inner transport.CQ) *cq {
 	return &cq{dev: d, inner: inner, buf: make([]transport.WorkCompletion, 64)}
 }
 
-func (c *cq) Cap() int     { return c.inner.Cap() }
-func (c *cq) Close() error { return c.inner.Close() }
+func (c *cq) Cap() int { return c.inner.Cap() }
+func (c *cq) Close() error {
+	c.closed.do(func() { c.dev.inj.live.cqs.Add(-1) })
+	return c.inner.Close()
+}
 
 func (c *cq) ReqNotify() error {
 	c.mu.Lock()

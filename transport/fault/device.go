@@ -24,14 +24,28 @@ func (d *device) Name() string               { return d.inner.Name() }
 func (d *device) Provider() string           { return d.inj.name }
 func (d *device) Attr() transport.DeviceAttr { return d.inner.Attr() }
 
-func (d *device) AllocMemory(size int) ([]byte, error) { return d.inner.AllocMemory(size) }
-func (d *device) FreeMemory(mem []byte) error          { return d.inner.FreeMemory(mem) }
+func (d *device) AllocMemory(size int) ([]byte, error) {
+	mem, err := d.inner.AllocMemory(size)
+	if err == nil {
+		d.inj.live.memory.Add(int64(len(mem)))
+	}
+	return mem, err
+}
+
+func (d *device) FreeMemory(mem []byte) error {
+	err := d.inner.FreeMemory(mem)
+	if err == nil {
+		d.inj.live.memory.Add(-int64(len(mem)))
+	}
+	return err
+}
 
 func (d *device) AllocPD() (transport.PD, error) {
 	p, err := d.inner.AllocPD()
 	if err != nil {
 		return nil, err
 	}
+	d.inj.live.pds.Add(1)
 	return &pd{dev: d, inner: p, mrs: map[uint32]transport.MR{}}, nil
 }
 
@@ -40,6 +54,7 @@ func (d *device) CreateCQ(entries int) (transport.CQ, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.inj.live.cqs.Add(1)
 	return newCQ(d, c), nil
 }
 
@@ -83,6 +98,7 @@ func (d *device) unwrap(cfg transport.QPConfig) (transport.QPConfig, *pd, *cq, *
 
 func (d *device) wrapQP(inner transport.QP, p *pd, scq, rcq *cq) *qp {
 	q := &qp{dev: d, inner: inner, num: inner.Num(), pd: p, scq: scq, rcq: rcq}
+	d.inj.live.qps.Add(1)
 	d.mu.Lock()
 	d.qps[q.num] = q
 	d.mu.Unlock()
@@ -122,9 +138,10 @@ func (d *device) reap(c *cq) {
 }
 
 type pd struct {
-	dev   *device
-	inner transport.PD
-	stage stager
+	dev    *device
+	inner  transport.PD
+	stage  stager
+	closed once
 
 	mu  sync.RWMutex
 	mrs map[uint32]transport.MR // by lkey: to read and corrupt payloads
@@ -140,6 +157,8 @@ func (p *pd) RegMR(mem []byte, access transport.Access) (transport.MR, error) {
 		return nil, err
 	}
 	w := &mr{MR: m, pd: p}
+	p.dev.inj.live.mrs.Add(1)
+	p.dev.inj.live.mrBytes.Add(int64(len(mem)))
 	p.mu.Lock()
 	p.mrs[m.LKey()] = m
 	p.mu.Unlock()
@@ -178,6 +197,7 @@ func (p *pd) segments(sg []transport.SGE) ([][]byte, bool) {
 }
 
 func (p *pd) Close() error {
+	p.closed.do(func() { p.dev.inj.live.pds.Add(-1) })
 	if err := p.stage.close(p.dev.inner); err != nil {
 		return fmt.Errorf("fault: close PD: %w", err)
 	}
@@ -187,7 +207,8 @@ func (p *pd) Close() error {
 // mr forgets its lkey on Dereg; everything else is the inner MR.
 type mr struct {
 	transport.MR
-	pd *pd
+	pd     *pd
+	deregd once
 }
 
 func (m *mr) Dereg() error {
@@ -196,7 +217,14 @@ func (m *mr) Dereg() error {
 		delete(m.pd.mrs, m.LKey())
 	}
 	m.pd.mu.Unlock()
-	return m.MR.Dereg()
+	if err := m.MR.Dereg(); err != nil {
+		return err
+	}
+	m.deregd.do(func() {
+		m.pd.dev.inj.live.mrs.Add(-1)
+		m.pd.dev.inj.live.mrBytes.Add(-int64(m.Len()))
+	})
+	return nil
 }
 
 type listener struct {

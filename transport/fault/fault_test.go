@@ -678,3 +678,42 @@ func TestClosedQPForgotten(t *testing.T) {
 	}
 	_ = cli
 }
+
+// Live counts what is open through the wrapper, exactly, and a double
+// close counts once.
+func TestLiveCounts(t *testing.T) {
+	inj := newInjector(t)
+	dev, err := inj.Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	mem, err := dev.AllocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, err := dev.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := pd.RegMR(mem, transport.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := dev.CreateCQ(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := inj.Live(); l != (fault.Live{PDs: 1, CQs: 1, MRs: 1, MRBytes: 8192, Memory: 8192}) {
+		t.Fatalf("live %+v", l)
+	}
+	mr.Dereg()
+	cq.Close()
+	cq.Close()
+	pd.Close()
+	pd.Close()
+	dev.FreeMemory(mem)
+	if l := inj.Live(); !l.Zero() {
+		t.Fatalf("after closing everything: %+v", l)
+	}
+}

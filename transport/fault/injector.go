@@ -19,6 +19,8 @@ type Injector struct {
 	mu      sync.Mutex // guards rule changes and devices
 	added   int
 	devices map[*device]struct{}
+
+	live liveCounters
 }
 
 var _ transport.Provider = (*Injector)(nil)

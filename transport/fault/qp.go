@@ -77,6 +77,7 @@ func (q *qp) Close() error {
 	err := q.inner.Close()
 	if !q.closed.Swap(true) {
 		q.dev.closed.Add(1)
+		q.dev.inj.live.qps.Add(-1)
 	}
 	// The inner QP is destroyed: no copy is read any more.
 	q.sendMu.Lock()

@@ -9,7 +9,10 @@
 // binary re-executed with an environment variable, which TestMain hands to
 // MaybeRunPeer. The halves talk over a line-based control channel
 // (channels in one process, the child's stdin and stdout across two) to
-// exchange addresses and keys and to order their steps.
+// exchange addresses and keys and to order their steps. With
+// Harness.PeerAgent the peer halves run on another host: a ServeAgent
+// there starts each one as a child process and relays its control
+// channel over TCP (the two-guest run of the rxe tier).
 //
 // Where verbs semantics are subtle the cases follow what rdma_rxe does
 // (drivers/infiniband/sw/rxe: rxe_req.c, rxe_resp.c, rxe_comp.c): rxe is

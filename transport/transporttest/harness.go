@@ -24,7 +24,19 @@ type Harness struct {
 	// CrossProcess runs every peer half in a child process (the test
 	// binary re-executed; its TestMain must call MaybeRunPeer).
 	CrossProcess bool
+	// PeerAgent, when set, is the TCP address of a ServeAgent on another
+	// host: every peer half runs there, in its own process, and the
+	// control channel is a TCP connection. ListenAddr must then be an
+	// address that host can reach. Implies the cross-process cases.
+	PeerAgent string
 }
+
+// crossProcess reports whether peer halves run in a process of their own.
+func (h Harness) crossProcess() bool { return h.CrossProcess || h.PeerAgent != "" }
+
+// agentBoot is how long Run waits for a peer agent to answer: the other
+// host may be a guest still booting under emulation.
+const agentBoot = 2 * time.Minute
 
 const (
 	envPeer     = "TRANSPORTTEST_PEER"
@@ -144,6 +156,9 @@ func runPeer(c *testCase, provider, device, addr string, k *ctl) error {
 // control channel and a function waiting for the peer's result.
 func startPeer(t *testing.T, h Harness, c *testCase, addr string) (*ctl, func() error) {
 	t.Helper()
+	if h.PeerAgent != "" {
+		return startAgentPeer(t, h, c, addr)
+	}
 	if !h.CrossProcess {
 		toPeer, toLocal := make(chan string, 64), make(chan string, 64)
 		localDone, peerDone := make(chan struct{}), make(chan struct{})
@@ -229,9 +244,14 @@ func Run(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	probe.Close()
+	if h.PeerAgent != "" {
+		if err := waitAgent(h.PeerAgent, agentBoot); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.crossOnly && !h.CrossProcess {
+			if c.crossOnly && !h.crossProcess() {
 				t.Skip("needs the peer in another process")
 			}
 			dev, err := p.Open(h.Device)
