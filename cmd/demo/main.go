@@ -2,17 +2,23 @@
 // process, with traffic that crosses the enlargement threshold, and shows
 // what happened to each connection: RPC latencies, the enlargement with
 // its sizes and duration, and the registered memory before and after.
+// It also exports OpenTelemetry traces and metrics (otelgrpc's RPC spans
+// and rdmagrpc's connection and enlargement spans) to JSON files, and
+// prints the enlargement spans beside the RPC spans in flight.
 //
 //	go run ./cmd/demo            # verbs where a device exists, else shm
 //	RDMAGRPC_PROVIDER=shm go run ./cmd/demo
+//	go run ./cmd/demo -otel ''   # no OpenTelemetry
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -53,8 +59,18 @@ func (l recordingListener) Accept() (net.Conn, error) {
 }
 
 func main() {
+	otelDir := flag.String("otel", filepath.Join(os.TempDir(), "rdmagrpc-demo"), "write OpenTelemetry traces.json and metrics.json here; empty: off")
+	flag.Parse()
 	log.SetFlags(0)
 	ctx := context.Background()
+	var od *otelDemo
+	if *otelDir != "" {
+		var err error
+		if od, err = startOtel(*otelDir); err != nil {
+			log.Fatal(err)
+		}
+	}
+	view, why := startEBPF()
 	addr := "127.0.0.1:0"
 	if a := os.Getenv("RDMAGRPC_DEMO_ADDR"); a != "" {
 		addr = a
@@ -64,13 +80,12 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(od.serverOptions()...)
 	testgrpc.RegisterTestServiceServer(srv, interop.NewTestServer())
 	go srv.Serve(recordingListener{l, &server})
-	defer srv.Stop()
 
 	dial := conn.Dialer()
-	cc, err := grpc.NewClient("passthrough:///"+l.Addr().String(),
+	cc, err := grpc.NewClient("passthrough:///"+l.Addr().String(), append(od.dialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
 			c, err := dial(ctx, a)
@@ -78,11 +93,10 @@ func main() {
 				return nil, err
 			}
 			return client.add(c), nil
-		}))
+		}))...)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer cc.Close()
 	tc := testgrpc.NewTestServiceClient(cc)
 
 	fmt.Printf("rdmagrpc demo: gRPC TestService over rdmagrpc at %v\n\n", l.Addr())
@@ -104,7 +118,18 @@ func main() {
 	run("unary 256 KiB (crosses)", 20, 256<<10)
 	run("unary 64 B (after)", 200, 64)
 	show("after large RPCs", &client, &server)
-	fmt.Println("\nWatch registrations and enlargements live beside it: sudo go run ./cmd/rdmatrace --binary <demo binary>")
+	od.snapshot() // the gauges while the connections are open
+	if view != nil {
+		view.report()
+	} else {
+		fmt.Printf("\neBPF view: skipped: %s\n", why)
+	}
+	// Closed before the exporters flush, so the connection spans are in.
+	cc.Close()
+	srv.Stop()
+	if err := od.finish(); err != nil {
+		log.Fatal(err)
+	}
 }
 
 func show(when string, client, server *recorder) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bpf"
+	"github.com/rdmagrpc/rdmagrpc/conn"
 )
 
 // jsonEvent is one line of --json output.
@@ -35,6 +36,7 @@ type jsonEvent struct {
 	ToSize            uint32 `json:"to_size,omitempty"`
 	EnlargeDurationNs int64  `json:"enlarge_duration_ns,omitempty"`
 	Outcome           uint32 `json:"outcome,omitempty"`
+	OutcomeName       string `json:"outcome_name,omitempty"`
 }
 
 // jsonSummary is printed per process when rdmatrace stops.
@@ -115,7 +117,7 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 }
 
 func toJSON(ev bpf.Event) jsonEvent {
-	return jsonEvent{
+	j := jsonEvent{
 		Type: "event", Time: ev.Time, Kind: ev.Kind.String(), Func: ev.Func,
 		PID: ev.PID, TID: ev.TID, Comm: ev.Comm, OK: ev.OK, DurationNs: int64(ev.Duration),
 		Addr: ev.Addr, Length: ev.Length, PrevLength: ev.PrevLength, Access: ev.Access,
@@ -123,4 +125,8 @@ func toJSON(ev bpf.Event) jsonEvent {
 		ConnID: ev.ConnID, FromSize: ev.FromSize, ToSize: ev.ToSize,
 		EnlargeDurationNs: int64(ev.EnlargeDuration), Outcome: ev.Outcome,
 	}
+	if ev.Kind == bpf.KindEnlargement {
+		j.OutcomeName = conn.EnlargeOutcome(ev.Outcome)
+	}
+	return j
 }

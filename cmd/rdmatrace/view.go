@@ -9,6 +9,7 @@ import (
 	"github.com/charmbracelet/lipgloss"
 
 	"github.com/rdmagrpc/rdmagrpc/bpf"
+	"github.com/rdmagrpc/rdmagrpc/conn"
 )
 
 // The live view: a bubbletea model fed by the tracer's events.
@@ -257,10 +258,10 @@ func (m *model) enlargements() string {
 	}
 	for i := len(enl) - 1; i >= 0 && i >= len(enl)-show; i-- {
 		ev := enl[i]
-		fmt.Fprintf(&b, "  %s  pid %-7d %-15s conn %#-18x %9s → %-9s took %-9s outcome %d\n",
+		fmt.Fprintf(&b, "  %s  pid %-7d %-15s conn %#-18x %9s → %-9s took %-9s %s\n",
 			ev.Time.Format("15:04:05.000"), ev.PID, ev.Comm, ev.ConnID,
 			humanBytes(uint64(ev.FromSize)), humanBytes(uint64(ev.ToSize)),
-			humanDuration(ev.EnlargeDuration), ev.Outcome)
+			humanDuration(ev.EnlargeDuration), conn.EnlargeOutcome(ev.Outcome))
 	}
 	return b.String()
 }

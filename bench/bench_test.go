@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+)
+
+func TestMain(m *testing.M) {
+	ServeIdleIfChild()
+	os.Exit(m.Run())
+}
+
+// The harness end to end with tiny sizes and times: every row of every
+// table is there and holds a measured figure.
+func TestSmoke(t *testing.T) {
+	cfg := Config{
+		BenchTime:   2 * time.Millisecond,
+		Rounds:      1,
+		Sizes:       []int{64, 4 << 10},
+		Concurrency: []int{1, 4},
+		QPSSize:     64,
+		StreamSize:  64 << 10,
+		RawSizes:    []int{256 << 10},
+		Idle:        []int{3},
+		Enlarge:     2,
+	}
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	rep.Markdown(&out)
+	md := out.String()
+	t.Log("\n" + md)
+
+	rows := map[string]int{ // row: measured cells
+		"unary 64 B p50": 3, "unary 64 B p99": 3, "unary 4 KiB p50": 3, "unary 4 KiB p99": 3,
+		"QPS c=1": 3, "QPS c=4": 3, "CPU/RPC c=1": 3, "CPU/RPC c=4": 3, "stream 64 KiB": 3,
+		"256 KiB":                         5,
+		"enlargement, first 32 KiB write": 1, "registrations in steady state": 1,
+	}
+	for row, cells := range rows {
+		line := find(md, "| "+row)
+		if line == "" {
+			t.Errorf("no row %q", row)
+			continue
+		}
+		f := strings.Split(line, "|")
+		for i := 2; i < 2+cells; i++ {
+			if v := strings.TrimSpace(f[i]); v == "" || v == "—" || strings.HasPrefix(v, "0 ") || v == "0.0 µs" {
+				t.Errorf("row %q: cell %d is %q", row, i-1, v)
+			}
+		}
+	}
+	if rep.Steady.Err != nil || rep.Steady.Registrations != 0 {
+		t.Errorf("steady state: %+v", rep.Steady)
+	}
+	for _, i := range rep.Idle {
+		if i.Err != nil || i.Held != 3 {
+			t.Errorf("idle %s: %d held: %v", i.Transport, i.Held, i.Err)
+		}
+		if line := find(md, "| 3 | "+strings.Replace(i.Transport, RDMA, "rdmagrpc (", 1)); line == "" {
+			t.Errorf("no idle row for %s", i.Transport)
+		}
+	}
+	for _, g := range []string{"unary 64 B p50 ≤ 0.7× TCP", "CPU per unary RPC ≤ TCP", "0 registrations in steady state", "3 idle connections held"} {
+		if find(md, "| "+g) == "" {
+			t.Errorf("no goal %q", g)
+		}
+	}
+}
+
+func find(md, prefix string) string {
+	for line := range strings.Lines(md) {
+		if strings.HasPrefix(line, prefix) {
+			return line
+		}
+	}
+	return ""
+}
+
+// Unary calls one at a time, for profiles:
+//
+//	go test -run '^$' -bench 'Unary/rdmagrpc/64B' -cpuprofile cpu.out ./bench/
+func BenchmarkUnary(b *testing.B) {
+	ctx := context.Background()
+	for _, t := range transports(b.TempDir()) {
+		for _, size := range []int{64, 64 << 10} {
+			b.Run(t.name+"/"+strings.ReplaceAll(sizeName(size), " ", ""), func(b *testing.B) {
+				r, err := newRig(ctx, t)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer r.close()
+				if err := r.unary(ctx, size); err != nil {
+					b.Fatal(err)
+				}
+				b.SetBytes(int64(2 * size))
+				for b.Loop() {
+					if err := r.unary(ctx, size); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// Server streaming of 1 MiB messages, one message per iteration:
+//
+//	go test -run '^$' -bench 'Stream/rdmagrpc' -cpuprofile cpu.out ./bench/
+func BenchmarkStream(b *testing.B) {
+	const size = 1 << 20
+	for _, t := range transports(b.TempDir()) {
+		b.Run(t.name, func(b *testing.B) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r, err := newRig(ctx, t)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.close()
+			s, err := r.tc.StreamingFromServer(ctx, &testgrpc.SimpleRequest{ResponseSize: size})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(size)
+			for b.Loop() {
+				if _, err := s.Recv(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

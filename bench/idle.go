@@ -1,0 +1,306 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/conn"
+)
+
+// IdleResult is what n idle connections of one transport cost. The
+// server ends live in a child process, as they would in a service, so
+// each process holds one end of every connection (and has its own open
+// files limit).
+type IdleResult struct {
+	Transport string
+	Want      int
+	Held      int           // connections established, both ends
+	Err       error         // why fewer than Want were held
+	Setup     time.Duration // to establish Held connections
+	// RSS growth per connection of the client and of the server process
+	// (after a GC that returns freed memory).
+	RSSClient, RSSServer float64
+	// Registered memory per end (rdmagrpc only): the mean of
+	// Stats().RegisteredBytes over both ends of every connection.
+	RegPerSide float64
+}
+
+// The child process: ServeIdleIfChild, called first thing in main (and
+// TestMain), turns a process started by idle into the server.
+const (
+	idleEnv  = "RDMABENCH_IDLE_SERVER" // the transport to listen on
+	provEnv  = "RDMAGRPC_PROVIDER"     // conn's own variable
+	reportOp = "report"
+)
+
+// ServeIdleIfChild serves idle connections and exits when the process
+// was started as idle's child; otherwise it returns at once.
+func ServeIdleIfChild() {
+	name := os.Getenv(idleEnv)
+	if name == "" {
+		return
+	}
+	if err := serveIdle(name, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "rdmabench idle server:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// serveIdle listens, prints its address, accepts connections and holds
+// them, answers each "report" line on in with "held rss registered
+// lasterror", and returns when in is closed.
+func serveIdle(name string, in io.Reader, out io.Writer) error {
+	var t network
+	for _, c := range transports(os.TempDir()) {
+		if c.name == name {
+			t = c
+		}
+	}
+	if t.listen == nil {
+		return fmt.Errorf("unknown transport %q", name)
+	}
+	l, err := t.listen(context.Background())
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	var (
+		mu      sync.Mutex
+		held    []net.Conn
+		lastErr error
+	)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				mu.Lock()
+				lastErr = err // EMFILE and the like: keep serving
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	fmt.Fprintln(out, l.Addr().String())
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		if sc.Text() != reportOp {
+			continue
+		}
+		r := settledRSS()
+		mu.Lock()
+		conns := held
+		e := "-"
+		if lastErr != nil {
+			e = strings.ReplaceAll(lastErr.Error(), "\n", " ")
+		}
+		mu.Unlock()
+		fmt.Fprintf(out, "%d %d %d %s\n", len(conns), r, registered(conns), e)
+	}
+	return nil
+}
+
+func registered(conns []net.Conn) int64 {
+	var n int64
+	for _, c := range conns {
+		if rc, ok := c.(*conn.Conn); ok {
+			n += rc.Stats().RegisteredBytes
+		}
+	}
+	return n
+}
+
+// child is a running idle server.
+type child struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	addr string
+}
+
+type childReport struct {
+	held     int
+	rss, reg int64
+	err      string
+}
+
+func startChild(name, provider string) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), idleEnv+"="+name)
+	if provider != "" {
+		cmd.Env = append(cmd.Env, provEnv+"="+provider)
+	}
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		c.stop()
+		return nil, fmt.Errorf("idle server did not start: %w", err)
+	}
+	c.addr = strings.TrimSpace(line)
+	return c, nil
+}
+
+func (c *child) report() (childReport, error) {
+	var r childReport
+	if _, err := fmt.Fprintln(c.in, reportOp); err != nil {
+		return r, err
+	}
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		return r, fmt.Errorf("idle server: %w", err)
+	}
+	f := strings.SplitN(strings.TrimSpace(line), " ", 4)
+	if len(f) != 4 {
+		return r, fmt.Errorf("idle server said %q", line)
+	}
+	r.held, _ = strconv.Atoi(f[0])
+	r.rss, _ = strconv.ParseInt(f[1], 10, 64)
+	r.reg, _ = strconv.ParseInt(f[2], 10, 64)
+	if f[3] != "-" {
+		r.err = f[3]
+	}
+	return r, nil
+}
+
+func (c *child) stop() {
+	c.in.Close()
+	c.cmd.Wait()
+}
+
+// idle opens n connections of t to a child process, one at a time, and
+// measures them idle in both processes.
+func idle(ctx context.Context, t network, provider string, n int) IdleResult {
+	res := IdleResult{Transport: t.name, Want: n}
+	ch, err := startChild(t.name, provider)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer ch.stop()
+	before, err := ch.report()
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	rss0 := settledRSS()
+	dialed := make([]net.Conn, 0, n)
+	defer func() { closeAll(dialed) }()
+	start := time.Now()
+	for range n {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		c, err := t.dial(dctx, ch.addr)
+		cancel()
+		if err != nil {
+			res.Err = fmt.Errorf("dial %d: %w", len(dialed)+1, err)
+			break
+		}
+		dialed = append(dialed, c)
+	}
+	// Every dialed connection's other end must be accepted.
+	var after childReport
+	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if after, err = ch.report(); err != nil {
+			res.Err = err
+			return res
+		}
+		if after.held >= len(dialed) || time.Now().After(wait) {
+			break
+		}
+	}
+	res.Setup = time.Since(start)
+	rss1 := settledRSS()
+	res.Held = min(len(dialed), after.held)
+	if res.Err == nil && res.Held < n {
+		res.Err = fmt.Errorf("%d dialed, %d accepted", len(dialed), after.held)
+	}
+	if res.Err != nil && after.err != "" {
+		res.Err = fmt.Errorf("%w; server: %s", res.Err, after.err)
+	}
+	if res.Held > 0 {
+		h := float64(res.Held)
+		res.RSSClient = float64(rss1-rss0) / h
+		res.RSSServer = float64(after.rss-before.rss) / h
+		res.RegPerSide = float64(registered(dialed)+after.reg) / (2 * h)
+	}
+	return res
+}
+
+// closeAll closes conns, a few at a time.
+func closeAll(conns []net.Conn) {
+	var wg sync.WaitGroup
+	ch := make(chan net.Conn)
+	for range 8 {
+		wg.Go(func() {
+			for c := range ch {
+				c.Close()
+			}
+		})
+	}
+	for _, c := range conns {
+		ch <- c
+	}
+	close(ch)
+	wg.Wait()
+}
+
+// settledRSS is the resident set after a GC that returns freed memory.
+func settledRSS() int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	return rss()
+}
+
+// rss is VmRSS of this process in bytes (anonymous, file and shared
+// memory: the shm provider's registered memory is memfd-backed and is
+// counted once touched).
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

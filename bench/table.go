@@ -1,0 +1,243 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+)
+
+// unit formats a value in base units.
+type unit int
+
+const (
+	seconds unit = iota
+	bytesPerSec
+	perSec
+)
+
+func (u unit) format(v float64) string {
+	switch u {
+	case seconds:
+		d := time.Duration(v * float64(time.Second))
+		switch {
+		case d < time.Millisecond:
+			return fmt.Sprintf("%.1f µs", v*1e6)
+		case d < time.Second:
+			return fmt.Sprintf("%.2f ms", v*1e3)
+		}
+		return fmt.Sprintf("%.2f s", v)
+	case bytesPerSec:
+		return thousands(v/1e6) + " MB/s"
+	case perSec:
+		return thousands(v)
+	}
+	return fmt.Sprint(v)
+}
+
+// thousands rounds v and groups its digits.
+func thousands(v float64) string {
+	s := fmt.Sprintf("%d", int64(math.Round(v)))
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 && s[i-1] != '-' {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func ratio(v, ref float64) string {
+	if ref == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", v/ref)
+}
+
+func kib(b float64) string {
+	if b >= 1<<10 {
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
+}
+
+type tableRow struct {
+	name string
+	unit unit
+	note string
+}
+
+// Rows of the grpc-go table, in order.
+func (r *Report) grpcRows() []tableRow {
+	c := &r.Config
+	var rows []tableRow
+	for _, s := range c.Sizes {
+		rows = append(rows, tableRow{rowP50(s), seconds, ""}, tableRow{rowP99(s), seconds, ""})
+	}
+	for _, n := range c.Concurrency {
+		rows = append(rows, tableRow{rowQPS(n), perSec, sizeName(c.QPSSize) + " unary, calls/s"})
+	}
+	for _, n := range c.Concurrency {
+		rows = append(rows, tableRow{rowCPU(n), seconds, "user+sys, client and server"})
+	}
+	rows = append(rows, tableRow{rowStream(c.StreamSize), bytesPerSec, "server streaming"})
+	return rows
+}
+
+// Markdown writes the tables, ready to paste into the README.
+func (r *Report) Markdown(w io.Writer) {
+	c := &r.Config
+	rd := fmt.Sprintf("rdmagrpc (%s)", r.Provider)
+	fmt.Fprintf(w, "Machine: %s; rdmagrpc provider %s; %s.\n", r.Machine, r.Provider, r.Machine.Date.Format("2006-01-02"))
+	fmt.Fprintf(w, "Medians of %d interleaved rounds, %v per figure and transport per round; run took %v.\n\n",
+		c.Rounds, c.BenchTime, r.Elapsed.Round(time.Second))
+
+	if c.Rounds > 0 { // -rounds 0: the idle and steady-state figures alone
+		fmt.Fprintf(w, "grpc-go, client and server in one process (unary: request and response of the size each way):\n\n")
+		fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | unix / TCP | rdmagrpc / TCP |\n", rd)
+		fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|\n")
+		for _, row := range r.grpcRows() {
+			tcp, _ := r.Median(row.name, TCP)
+			ux, _ := r.Median(row.name, Unix)
+			rm, _ := r.Median(row.name, RDMA)
+			name := row.name
+			if row.note != "" {
+				name += " (" + row.note + ")"
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", name,
+				row.unit.format(tcp), row.unit.format(ux), row.unit.format(rm), ratio(ux, tcp), ratio(rm, tcp))
+		}
+
+		fmt.Fprintf(w, "\nRaw net.Conn throughput, one writer and one reader (reads of the write size), against memcpy in the same run:\n\n")
+		fmt.Fprintf(w, "| write size | memcpy | TCP loopback | unix socket | %s, rendezvous | %s, rings only | rendezvous / TCP | rings / TCP | rendezvous / memcpy |\n", rd, rd)
+		fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, s := range c.RawSizes {
+			row := rowRaw(s)
+			m, _ := r.Median(row, Memcpy)
+			tcp, _ := r.Median(row, TCP)
+			ux, _ := r.Median(row, Unix)
+			rv, _ := r.Median(row, RDMA)
+			rg, _ := r.Median(row, RDMARings)
+			f := bytesPerSec.format
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sizeName(s), f(m), f(tcp), f(ux), f(rv), f(rg),
+				ratio(rv, tcp), ratio(rg, tcp), ratio(rv, m))
+		}
+	}
+
+	if len(r.Idle) > 0 {
+		fmt.Fprintf(w, "\nIdle connections, dialed one at a time to a server in a child process; RSS growth per connection of each process, after a GC:\n\n")
+		fmt.Fprintf(w, "| connections | transport | held | set-up | RSS per connection, client | RSS per connection, server | registered per side |\n")
+		fmt.Fprintf(w, "|---:|---|---|---:|---:|---:|---:|\n")
+		for _, i := range r.Idle {
+			held := thousands(float64(i.Held))
+			if i.Err != nil {
+				held += " (failed: " + oneLine(i.Err.Error()) + ")"
+			}
+			reg := "—"
+			if i.Transport == RDMA && i.Held > 0 {
+				reg = thousands(i.RegPerSide) + " B"
+			}
+			name := i.Transport
+			if name == RDMA {
+				name = rd
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %v | %s | %s | %s |\n", thousands(float64(i.Want)), name, held,
+				i.Setup.Round(time.Millisecond), kib(i.RSSClient), kib(i.RSSServer), reg)
+		}
+	}
+
+	fmt.Fprintf(w, "\nrdmagrpc:\n\n| figure | value |\n|---|---:|\n")
+	if v, ok := r.Median(rowEnlarge(), RDMA); ok {
+		mx, _ := r.Median(rowEnlargeMax(), RDMA)
+		fmt.Fprintf(w, "| enlargement, first 32 KiB write to usable large buffers: p50 (median of rounds) | %s |\n", seconds.format(v))
+		fmt.Fprintf(w, "| enlargement: slowest of a round (median of rounds) | %s |\n", seconds.format(mx))
+		fmt.Fprintf(w, "| enlargements measured | %d |\n", len(r.Enlarge))
+	}
+	st := r.Steady
+	if st.Err != nil {
+		fmt.Fprintf(w, "| registrations in steady state | failed: %s |\n", oneLine(st.Err.Error()))
+	} else {
+		fmt.Fprintf(w, "| registrations in steady state (%s unary RPCs, %d of each size; %d streams of %s; %.1f MiB of raw writes by rendezvous) | %d |\n",
+			thousands(float64(st.RPCs)), st.RPCs/max(len(c.Sizes), 1), st.Streams, sizeName(c.StreamSize), float64(st.RawBytes)/(1<<20), st.Registrations)
+		fmt.Fprintf(w, "| registrations while warming up (connections, enlargements, first rendezvous) | %d |\n", st.Warmup)
+	}
+
+	fmt.Fprintf(w, "\nGoals (issue 8), %s on this machine, as ratios in this run:\n\n| goal | measured | met |\n|---|---|---|\n", r.Provider)
+	for _, g := range r.Goals() {
+		met := "no"
+		if g.Met {
+			met = "yes"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", g.Name, g.Got, met)
+	}
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(s, "|", "/") }
+
+// Goal is one of issue 8's goals, judged on this run's figures.
+type Goal struct {
+	Name string
+	Got  string
+	Met  bool
+}
+
+// Goals judges the figures against issue 8.
+func (r *Report) Goals() []Goal {
+	c := &r.Config
+	var gs []Goal
+	if tcp, ok := r.Median(rowP50(64), TCP); ok {
+		rm, _ := r.Median(rowP50(64), RDMA)
+		gs = append(gs, Goal{"unary 64 B p50 ≤ 0.7× TCP", ratio(rm, tcp), rm <= 0.7*tcp})
+	}
+	if tcp, ok := r.Median(rowStream(1<<20), TCP); ok {
+		rm, _ := r.Median(rowStream(1<<20), RDMA)
+		gs = append(gs, Goal{"1 MiB streaming ≥ 2× TCP", ratio(rm, tcp), rm >= 2*tcp})
+	}
+	if len(c.Concurrency) > 0 {
+		var got []string
+		met := true
+		for _, n := range c.Concurrency {
+			tcp, ok1 := r.Median(rowCPU(n), TCP)
+			rm, ok2 := r.Median(rowCPU(n), RDMA)
+			if !ok1 || !ok2 {
+				continue // not measured in this run: judged on nothing
+			}
+			got = append(got, fmt.Sprintf("c=%d %s", n, ratio(rm, tcp)))
+			met = met && rm <= tcp
+		}
+		if len(got) > 0 {
+			gs = append(gs, Goal{"CPU per unary RPC ≤ TCP", strings.Join(got, ", "), met})
+		}
+	}
+	var reg float64
+	var most, held int
+	var failed []string
+	for _, i := range r.Idle {
+		if i.Transport != RDMA {
+			continue
+		}
+		reg = max(reg, i.RegPerSide)
+		if i.Want > most {
+			most, held = i.Want, i.Held
+		}
+		if i.Err != nil {
+			failed = append(failed, thousands(float64(i.Held))+" of "+thousands(float64(i.Want)))
+		}
+	}
+	if most > 0 {
+		gs = append(gs, Goal{"≤ 8 KiB registered per idle connection per side", thousands(reg) + " B", reg > 0 && reg <= 8<<10})
+		got := thousands(float64(held)) + " held"
+		if len(failed) > 0 {
+			got = strings.Join(failed, "; ") + " held"
+		}
+		gs = append(gs, Goal{fmt.Sprintf("%s idle connections held", thousands(float64(most))), got, held == most && len(failed) == 0})
+	}
+	if r.Steady.Err == nil {
+		gs = append(gs, Goal{"0 registrations in steady state", fmt.Sprint(r.Steady.Registrations), r.Steady.Registrations == 0})
+	} else {
+		gs = append(gs, Goal{"0 registrations in steady state", "not measured: " + oneLine(r.Steady.Err.Error()), false})
+	}
+	return gs
+}

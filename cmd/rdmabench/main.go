@@ -1,0 +1,127 @@
+// Command rdmabench is `make bench`: grpc-go over TCP loopback, a unix
+// socket and rdmagrpc, side by side in one run, printed as markdown.
+//
+//	rdmabench [-benchtime 300ms] [-rounds 5] [-idle 1000,10000] [-o file]
+//
+// Progress goes to stderr, the tables to stdout (and to -o).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rdmagrpc/rdmagrpc/bench"
+)
+
+func main() {
+	bench.ServeIdleIfChild()
+	cfg := bench.DefaultConfig()
+	flag.DurationVar(&cfg.BenchTime, "benchtime", cfg.BenchTime, "measuring time per figure and transport, per round")
+	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds (medians are reported)")
+	idle := flag.String("idle", ints(cfg.Idle), "idle connection counts, comma-separated (empty: none)")
+	provider := flag.String("provider", "", "rdmagrpc provider (default: conn's own choice)")
+	out := flag.String("o", "", "also write the tables to this file")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run")
+	host := flag.String("host", "", "address rdmagrpc listens on (default 127.0.0.1; an RDMA device's address with verbs)")
+	flag.Parse()
+	if *host != "" {
+		os.Setenv(bench.HostEnv, *host)
+	}
+
+	var err error
+	if cfg.Idle, err = parseInts(*idle); err != nil {
+		fatal(fmt.Errorf("-idle: %w", err))
+	}
+	cfg.Provider = *provider
+	cfg.Log = os.Stderr
+	if lim, err := raiseNoFile(); err != nil {
+		fmt.Fprintf(os.Stderr, "rdmabench: open files limit stays at %d: %v\n", lim, err)
+	} else {
+		fmt.Fprintf(os.Stderr, "rdmabench: open files limit %d\n", lim)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatal(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := bench.Run(context.Background(), cfg)
+	if err != nil {
+		fatal(err)
+	}
+	var w io.Writer = os.Stdout
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			fatal(err)
+		}
+		defer f.Close()
+		w = io.MultiWriter(os.Stdout, f)
+	}
+	rep.Markdown(w)
+}
+
+// raiseNoFile lifts the open files limit as far as the kernel allows
+// (fs.nr_open; only root may raise the hard limit): idle connections
+// hold descriptors on both ends, and the shm provider several per end.
+func raiseNoFile() (uint64, error) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, err
+	}
+	want := lim.Max
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > want {
+			want = n
+		}
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: want, Max: want}); err != nil {
+		// Not root: the soft limit up to the hard one is still allowed.
+		lim.Cur = lim.Max
+		if err2 := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err2 != nil {
+			return lim.Cur, err2
+		}
+		return lim.Cur, fmt.Errorf("hard limit not raised: %w", err)
+	}
+	return want, nil
+}
+
+func ints(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+func parseInts(s string) ([]int, error) {
+	var v []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q is not a count", f)
+		}
+		v = append(v, n)
+	}
+	return v, nil
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "rdmabench:", err)
+	os.Exit(1)
+}

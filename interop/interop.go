@@ -1,0 +1,132 @@
+// Package interop runs grpc-go's interoperability TestService over
+// rdmagrpc: the server half on a conn.Listener, the client half through
+// conn.Dialer, both in plaintext, with grpc-go's own test case code
+// (google.golang.org/grpc/interop). The commands interop/server and
+// interop/client wrap it with grpc-go's interop flag names.
+package interop
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/interop"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+
+	"github.com/rdmagrpc/rdmagrpc/conn"
+)
+
+// Case is one interop test case, named as in grpc's interop spec.
+type Case struct {
+	Name string
+	run  func(ctx context.Context, cc *grpc.ClientConn, tc testgrpc.TestServiceClient)
+}
+
+// Cases are every case of the spec that applies to a plaintext transport
+// with one server. Left out: the credential cases (compute_engine_creds,
+// jwt_token_creds, oauth2_auth_token, per_rpc_creds,
+// google_default_credentials, ...), which need TLS and a cloud identity;
+// the ORCA cases, which need a load-reporting server; and the xDS and
+// load-balancing cases (pick_first_unary among them: it checks the id of
+// one of several backends), which need several backends.
+var Cases = []Case{
+	{"empty_unary", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoEmptyUnaryCall(ctx, tc)
+	}},
+	{"large_unary", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoLargeUnaryCall(ctx, tc)
+	}},
+	{"client_streaming", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoClientStreaming(ctx, tc)
+	}},
+	{"server_streaming", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoServerStreaming(ctx, tc)
+	}},
+	{"ping_pong", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoPingPong(ctx, tc)
+	}},
+	{"empty_stream", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoEmptyStream(ctx, tc)
+	}},
+	{"timeout_on_sleeping_server", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoTimeoutOnSleepingServer(ctx, tc)
+	}},
+	{"cancel_after_begin", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoCancelAfterBegin(ctx, tc)
+	}},
+	{"cancel_after_first_response", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoCancelAfterFirstResponse(ctx, tc)
+	}},
+	{"status_code_and_message", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoStatusCodeAndMessage(ctx, tc)
+	}},
+	{"special_status_message", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoSpecialStatusMessage(ctx, tc)
+	}},
+	{"unimplemented_method", func(ctx context.Context, cc *grpc.ClientConn, _ testgrpc.TestServiceClient) {
+		interop.DoUnimplementedMethod(ctx, cc)
+	}},
+	{"unimplemented_service", func(ctx context.Context, cc *grpc.ClientConn, _ testgrpc.TestServiceClient) {
+		interop.DoUnimplementedService(ctx, testgrpc.NewUnimplementedServiceClient(cc))
+	}},
+	{"custom_metadata", func(ctx context.Context, _ *grpc.ClientConn, tc testgrpc.TestServiceClient) {
+		interop.DoCustomMetadata(ctx, tc)
+	}},
+}
+
+// Select returns the cases named in list (comma-separated, or "all").
+func Select(list string) ([]Case, error) {
+	if list == "all" {
+		return Cases, nil
+	}
+	var out []Case
+	for name := range strings.SplitSeq(list, ",") {
+		i := slices.IndexFunc(Cases, func(c Case) bool { return c.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("interop: unknown test case %q", name)
+		}
+		out = append(out, Cases[i])
+	}
+	return out, nil
+}
+
+// NewServer is grpc-go's interop TestService.
+func NewServer(opts ...grpc.ServerOption) *grpc.Server {
+	s := grpc.NewServer(opts...)
+	testgrpc.RegisterTestServiceServer(s, interop.NewTestServer())
+	return s
+}
+
+// Listen listens for the interop server on addr over rdmagrpc.
+func Listen(ctx context.Context, addr string, opts ...conn.Option) (net.Listener, error) {
+	return conn.Listen(ctx, addr, opts...)
+}
+
+// Run dials addr over rdmagrpc and runs cases in order, writing "PASS
+// name" after each. grpc-go's case code ends the process on a failure,
+// as its own interop client does; the last line written names the case.
+func Run(ctx context.Context, addr string, cases []Case, out io.Writer, opts ...conn.Option) error {
+	cc, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithContextDialer(conn.Dialer(opts...)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("interop: client for %s: %w", addr, err)
+	}
+	defer cc.Close()
+	tc := testgrpc.NewTestServiceClient(cc)
+	for _, c := range cases {
+		fmt.Fprintf(out, "RUN %s\n", c.Name)
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		c.run(cctx, cc, tc)
+		cancel()
+		fmt.Fprintf(out, "PASS %s (%v)\n", c.Name, time.Since(start).Round(time.Millisecond))
+	}
+	return nil
+}
