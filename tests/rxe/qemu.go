@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -26,20 +27,58 @@ type guestSpec struct {
 	nic     []string // extra qemu arguments for the NIC, if any
 }
 
-// accelArgs uses KVM when this host has it and TCG otherwise.
+// kvmFailed is set once qemu failed to run a guest under KVM: some hosts
+// (nested virtualization) expose /dev/kvm yet reject the vCPU set-up
+// ("failed to set MSR ..."). Every later guest then runs under TCG.
+var kvmFailed atomic.Bool
+
+// accelArgs uses KVM when this host has it and TCG otherwise;
+// RDMAGRPC_RXE_ACCEL=tcg or =kvm forces one.
 func accelArgs() []string {
+	tcg := []string{"-accel", "tcg"}
+	switch os.Getenv("RDMAGRPC_RXE_ACCEL") {
+	case "tcg":
+		return tcg
+	case "kvm":
+		return []string{"-accel", "kvm", "-cpu", "host"}
+	}
+	if kvmFailed.Load() {
+		return tcg
+	}
 	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil {
 		f.Close()
 		return []string{"-accel", "kvm", "-cpu", "host"}
 	}
-	return []string{"-accel", "tcg"}
+	return tcg
 }
 
 // runGuest boots one guest, runs the payload and returns when qemu is
-// gone. qemu runs in its own process group with a parent-death signal, and
+// gone. When KVM was chosen and qemu died on it before booting, it says so
+// and runs the guest again under TCG.
+func (img *Image) runGuest(ctx context.Context, g guestSpec) (Result, error) {
+	accel := accelArgs()
+	res, err := img.runGuestWith(ctx, g, accel)
+	if err != nil && accel[1] == "kvm" && res.Boot == 0 && os.Getenv("RDMAGRPC_RXE_ACCEL") == "" &&
+		strings.Contains(err.Error(), "kvm") {
+		if !kvmFailed.Swap(true) {
+			fmt.Fprintf(os.Stderr, "rxe: qemu cannot run guests under KVM on this host, using TCG from now on: %v\n", firstLine(err.Error()))
+		}
+		return img.runGuestWith(ctx, g, accelArgs())
+	}
+	return res, err
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// runGuestWith boots one guest with the accelerator arguments accel. qemu runs in its own process group with a parent-death signal, and
 // every return path kills the group, so no qemu outlives this call or the
 // calling process.
-func (img *Image) runGuest(ctx context.Context, g guestSpec) (res Result, err error) {
+func (img *Image) runGuestWith(ctx context.Context, g guestSpec, accel []string) (res Result, err error) {
 	dir, err := os.MkdirTemp("", "rxe-run-")
 	if err != nil {
 		return res, fmt.Errorf("rxe: %w", err)
@@ -66,7 +105,7 @@ func (img *Image) runGuest(ctx context.Context, g guestSpec) (res Result, err er
 		"-serial", "file:" + console, // ttyS0: kernel console
 		"-serial", "stdio", // ttyS1: payload output and markers
 	}
-	args = append(args, accelArgs()...)
+	args = append(args, accel...)
 	args = append(args, g.nic...)
 	cmd := exec.Command(img.Qemu, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -2,6 +2,7 @@ package rxe
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,13 +15,20 @@ import (
 // built on the host with `go test -c` and run inside the guest, where
 // rxe0 exists. RDMAGRPC_RXE_PKGS overrides the list (space-separated,
 // relative to the module root).
-const defaultGuestPkgs = "./transport/verbs/ ./bpf/ ./conn/"
+const defaultGuestPkgs = "./transport/verbs/ ./bpf/ ./conn/ ./interop/"
 
-// guestHelpers are C programs a package's guest tests need (the guest has
-// no compiler): built on the host against libibverbs, copied into
-// /rxe/bin, and named to the test binary by an environment variable.
+// guestHelpers are programs a package's guest tests need (the guest has
+// neither a C compiler nor a Go toolchain): built on the host, copied
+// into /rxe/bin, and named to the test binary by an environment variable.
+// A src ending in .c is compiled with cc against libibverbs; anything
+// else is a Go main package, built with cgo (it may import
+// transport/verbs: the binary links dynamically against libibverbs and
+// librdmacm, which the guest has).
 var guestHelpers = map[string][]struct{ src, env string }{
-	"./bpf/": {{"bpf/testdata/ibvreg/ibvreg.c", "RDMATRACE_IBVREG"}},
+	"./bpf/": {
+		{"bpf/testdata/ibvreg/ibvreg.c", "RDMATRACE_IBVREG"},
+		{"./bpf/testdata/verbsreg", "RDMATRACE_VERBSREG"},
+	},
 }
 
 // buildHelpers compiles pkg's guest helpers into dir and returns the
@@ -28,13 +36,20 @@ var guestHelpers = map[string][]struct{ src, env string }{
 func buildHelpers(t *testing.T, root, pkg, dir string) (files []string, env []string) {
 	t.Helper()
 	for _, h := range guestHelpers[pkg] {
-		name := strings.TrimSuffix(filepath.Base(h.src), ".c")
-		out := filepath.Join(dir, name)
-		cmd := exec.Command("cc", "-O1", "-o", out, filepath.Join(root, h.src), "-libverbs")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("cc %s: %v\n%s", h.src, err, b)
+		var cmd *exec.Cmd
+		name := filepath.Base(h.src)
+		if c, ok := strings.CutSuffix(name, ".c"); ok {
+			name = c
+			cmd = exec.Command("cc", "-O1", "-o", filepath.Join(dir, name), filepath.Join(root, h.src), "-libverbs")
+		} else {
+			cmd = exec.Command("go", "build", "-o", filepath.Join(dir, name), h.src)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		}
-		files = append(files, out)
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build guest helper %s: %v\n%s", h.src, err, b)
+		}
+		files = append(files, filepath.Join(dir, name))
 		env = append(env, h.env+"="+GuestBin+"/"+name)
 	}
 	return files, env
@@ -115,6 +130,7 @@ func TestPackagesInGuest(t *testing.T) {
 			if r.ExitCode != 0 || testing.Verbose() {
 				t.Logf("output:\n%s", r.Output)
 			}
+			t.Logf("%s in one guest: %s", name, countResults(r.Output))
 			if r.ExitCode != 0 {
 				t.Fatalf("%s failed in the guest (exit %d)", name, r.ExitCode)
 			}
@@ -130,9 +146,78 @@ func TestPackagesInGuest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Logf("%s across two guests, guest a: %s", name, countResults(ra.Output))
+			t.Logf("%s across two guests, guest b: %s", name, countResults(rb.Output))
 			if ra.ExitCode != 0 || rb.ExitCode != 0 {
 				t.Fatalf("%s pair tests failed: exit a=%d b=%d", name, ra.ExitCode, rb.ExitCode)
 			}
 		})
 	}
+}
+
+// countResults summarises `go test -v` output: leaf tests (those without
+// subtests) passed, skipped and failed, in all and per top-level test
+// that has subtests, so the tier's log shows what the guests ran.
+func countResults(out []byte) string {
+	status := map[string]string{}
+	var names []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[0] != "---" {
+			continue
+		}
+		if _, seen := status[f[2]]; !seen {
+			names = append(names, f[2])
+		}
+		status[f[2]] = strings.TrimSuffix(f[1], ":")
+	}
+	parent := map[string]bool{}
+	for _, n := range names {
+		for i := strings.IndexByte(n, '/'); i >= 0; i = next(n, i) {
+			parent[n[:i]] = true
+		}
+	}
+	type tally struct{ pass, skip, fail int }
+	var total tally
+	var tops []string
+	per := map[string]*tally{}
+	for _, n := range names {
+		if parent[n] {
+			continue
+		}
+		add := func(c *tally) {
+			switch status[n] {
+			case "PASS":
+				c.pass++
+			case "SKIP":
+				c.skip++
+			case "FAIL":
+				c.fail++
+			}
+		}
+		add(&total)
+		if top, _, isSub := strings.Cut(n, "/"); isSub {
+			if per[top] == nil {
+				per[top] = &tally{}
+				tops = append(tops, top)
+			}
+			add(per[top])
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d passed, %d skipped, %d failed", total.pass, total.skip, total.fail)
+	for _, top := range tops {
+		c := per[top]
+		fmt.Fprintf(&b, "; %s: %d passed, %d skipped, %d failed", top, c.pass, c.skip, c.fail)
+	}
+	return b.String()
+}
+
+// next is the index of the next '/' in n after i, or -1.
+func next(n string, i int) int {
+	j := strings.IndexByte(n[i+1:], '/')
+	if j < 0 {
+		return -1
+	}
+	return i + 1 + j
 }

@@ -195,3 +195,22 @@ func TestUsrMerged(t *testing.T) {
 		}
 	}
 }
+
+func TestCountResults(t *testing.T) {
+	out := []byte(`=== RUN   TestA
+--- PASS: TestA (0.01s)
+--- PASS: TestConformance (1.00s)
+    --- PASS: TestConformance/OneProcess (0.50s)
+        --- PASS: TestConformance/OneProcess/PrivateData (0.10s)
+        --- PASS: TestConformance/OneProcess/RemoteAccess (0.10s)
+            --- PASS: TestConformance/OneProcess/RemoteAccess/BadRKey (0.10s)
+        --- SKIP: TestConformance/OneProcess/PeerKilledFlushes (0.00s)
+    --- FAIL: TestConformance/TwoProcesses/Reject (0.10s)
+--- SKIP: TestRXEPairTransfer (0.00s)
+`)
+	got := countResults(out)
+	want := "3 passed, 2 skipped, 1 failed; TestConformance: 2 passed, 1 skipped, 1 failed"
+	if got != want {
+		t.Errorf("countResults = %q, want %q", got, want)
+	}
+}
