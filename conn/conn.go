@@ -214,9 +214,11 @@ func (c *Conn) failLocked(err error) {
 }
 
 // waitLocked sleeps until the state changes or the deadline passes; c.mu
-// is held on entry and on return.
-func (c *Conn) waitLocked(deadline time.Time) {
-	ch := c.changed
+// is held on entry and on return. ch is c.changed as it was when the
+// caller last checked its condition: a loop that let go of c.mu since
+// (a copy, a registration) must not sleep through a broadcast it missed,
+// such as Close's.
+func (c *Conn) waitLocked(ch chan struct{}, deadline time.Time) {
 	c.mu.Unlock()
 	if deadline.IsZero() {
 		<-ch
@@ -248,6 +250,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
+		ch := c.changed
 		switch {
 		case c.closed:
 			return 0, c.opErr("read", net.ErrClosed)
@@ -271,7 +274,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 		case len(b) == 0:
 			return 0, nil
 		}
-		c.waitLocked(c.rdl)
+		c.waitLocked(ch, c.rdl)
 	}
 }
 
@@ -396,6 +399,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		stalled := false
 		var t *txRing
 		for {
+			ch := c.changed
 			if err := c.writeErrLocked(); err != nil {
 				c.mu.Unlock()
 				return n, c.opErr("write", err)
@@ -414,7 +418,7 @@ func (c *Conn) write(b []byte) (int, error) {
 				c.st.CreditStalls++
 				c.tel.CreditStall()
 			}
-			c.waitLocked(c.wdl)
+			c.waitLocked(ch, c.wdl)
 		}
 		ring := c.sending
 		seq := t.seq
@@ -549,7 +553,7 @@ func (c *Conn) Close() error {
 	c.sendCloseLocked()
 	deadline := time.Now().Add(drainTimeout)
 	for c.err == nil && !c.drainedLocked() && time.Now().Before(deadline) {
-		c.waitLocked(deadline)
+		c.waitLocked(c.changed, deadline)
 	}
 	c.mu.Unlock()
 

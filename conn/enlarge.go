@@ -85,6 +85,7 @@ func (c *Conn) enlarge() error {
 		c.enl.tel.Requested(attempt + 1)
 		timeout := time.Now().Add(c.o.ackTimeout)
 		for c.enl.ack == nil && !c.enl.refused && time.Now().Before(timeout) {
+			ch := c.changed
 			if err := c.writeErrLocked(); err != nil {
 				return err
 			}
@@ -92,7 +93,7 @@ func (c *Conn) enlarge() error {
 			if !c.wdl.IsZero() && c.wdl.Before(dl) {
 				dl = c.wdl
 			}
-			c.waitLocked(dl)
+			c.waitLocked(ch, dl)
 		}
 		if err := c.writeErrLocked(); err != nil {
 			return err
@@ -160,6 +161,7 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 		need = 1
 	}
 	for c.recordOut || c.tx[c.sending].credits < need {
+		ch := c.changed
 		if r.typ == recRead && c.tx[c.sending].credits < need {
 			c.spillLocked()
 		}
@@ -171,7 +173,7 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 		case bounded && expired(deadline):
 			return os.ErrDeadlineExceeded
 		}
-		c.waitLocked(deadline)
+		c.waitLocked(ch, deadline)
 	}
 	stage := &c.tx[small]
 	off := stage.stageSlots * stage.stageSize

@@ -28,7 +28,7 @@ func forge(t *testing.T, c *Conn, ring int, imm uint32, payload []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.recordOut && c.err == nil {
-		c.waitLocked(time.Now().Add(100 * time.Millisecond))
+		c.waitLocked(c.changed, time.Now().Add(100*time.Millisecond))
 	}
 	tr := &c.tx[ring]
 	if tr.count == 0 { // the peer has no such ring: aim at the small one

@@ -96,6 +96,7 @@ func (c *Conn) writeRendezvous(b []byte) (int, error) {
 		k := min(len(b), c.o.rdvChunk)
 		c.mu.Lock()
 		for {
+			ch := c.changed
 			err := c.writeErrLocked()
 			if err == nil && c.rdv.peerClosed {
 				err = errPeerClosed
@@ -107,7 +108,7 @@ func (c *Conn) writeRendezvous(b []byte) (int, error) {
 			if len(c.rdv.out) < maxAdverts {
 				break
 			}
-			c.waitLocked(c.wdl)
+			c.waitLocked(ch, c.wdl)
 		}
 		c.mu.Unlock()
 		buf, err := c.pool.Get(bufpool.Owner(c.id), k, transport.AccessLocalWrite)
