@@ -120,14 +120,10 @@ func (q *qp) progress() {
 // the timer is set).
 func (q *qp) run(op *sendOp) bool {
 	st, wait := q.execute(op)
+	defer q.applyRespFail()
 	if wait > 0 {
 		q.timer.Reset(wait)
 		return false
-	}
-	if st != transport.StatusSuccess {
-		if q.ring.setErr() {
-			q.rcq.wake()
-		}
 	}
 	if st != transport.StatusSuccess || op.wr.Signaled {
 		wc := transport.WorkCompletion{ID: op.wr.ID, Status: st, QPNum: q.num}
@@ -135,6 +131,15 @@ func (q *qp) run(op *sendOp) bool {
 			wc.Opcode, wc.ByteLen = wcOpcode(op), op.length()
 		}
 		q.scq.push(cqe{wc: wc, q: q, sqIdx: op.idx, send: true})
+	}
+	// The error completion is queued before the QP enters ERROR: a
+	// concurrent Poll that saw ERROR first would report the receive
+	// queue's flushes ahead of the cause, where a NIC completes the
+	// failed request and only then flushes the rest.
+	if st != transport.StatusSuccess {
+		if q.ring.setErr() {
+			q.rcq.wake()
+		}
 	}
 	return true
 }
@@ -315,11 +320,30 @@ const noSlot = ^uint64(0)
 
 // failResponder does what a responder NIC does on a class A/C error: it
 // completes the receive it took (if any) with status and moves its QP to
-// ERROR. The peer is told so that it flushes and wakes promptly.
+// ERROR. The peer is told so that it flushes and wakes promptly. That is
+// done by run once the requester's own error completion is queued: the
+// responder, seeing ERROR, may disconnect at once, and the requester must
+// still see why (a NIC's NAK reaches it before the CM's disconnect).
 func (q *qp) failResponder(slot uint64, st transport.Status) {
+	q.respFail = respFail{set: true, slot: slot, st: st}
+}
+
+// respFail is a responder failure decided by execute, carried out by run.
+type respFail struct {
+	set  bool
+	slot uint64
+	st   transport.Status
+}
+
+func (q *qp) applyRespFail() {
+	f := q.respFail
+	if !f.set {
+		return
+	}
+	q.respFail = respFail{}
 	pr := q.peer
-	if slot != noSlot {
-		q.deliver(slot, &transport.WorkCompletion{Status: st, Opcode: transport.WCRecv})
+	if f.slot != noSlot {
+		q.deliver(f.slot, &transport.WorkCompletion{Status: f.st, Opcode: transport.WCRecv})
 	}
 	pr.ring.setErr()
 	writeMsg(q.conn, []byte{msgErrNote})

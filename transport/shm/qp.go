@@ -38,6 +38,7 @@ type qp struct {
 	sqPosted uint64
 	timer    *time.Timer
 	scratchL [][]byte
+	respFail respFail // set by execute, applied by run (sendMu)
 	scratchR [][]byte
 	sgeBuf   []transport.SGE
 	memReqID uint64
