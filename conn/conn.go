@@ -561,12 +561,6 @@ func (c *Conn) Close() error {
 	c.wg.Wait()
 	c.stopPoll()
 	<-c.pollDone
-	// Wake every sleeper once more, the poller being gone: Close must
-	// never wait on a reader asleep (the loops take care not to miss
-	// the first broadcast; this one costs nothing).
-	c.mu.Lock()
-	c.broadcastLocked()
-	c.mu.Unlock()
 	// A reader copies out of a ring slot or a rendezvous destination
 	// without c.mu: that memory must outlive its copy. Readers woken by
 	// the broadcast, and any later one, see closed and leave.
