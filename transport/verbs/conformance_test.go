@@ -32,10 +32,7 @@ const agentPort = "7472"
 // peer half as a process of its own, which connects over the emulated
 // link. The control channel between the halves is TCP over that link.
 func TestRXEPairConformance(t *testing.T) {
-	role := os.Getenv("RXE_ROLE")
-	if role != "a" && role != "b" {
-		t.Skip("runs only in the two-guest mode of tests/rxe (RXE_ROLE=a|b)")
-	}
+	role := pairRole(t)
 	d := openOrSkip(t)
 	if role == "b" {
 		l, err := net.Listen("tcp", net.JoinHostPort(os.Getenv("RXE_ADDR"), agentPort))

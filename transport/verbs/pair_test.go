@@ -15,14 +15,22 @@ import (
 // pairPort is where guest a listens in the two-guest run of tests/rxe.
 const pairPort = "7471"
 
-// TestRXEPairTransfer runs across two Soft-RoCE guests (tests/rxe pair
-// mode): guest a accepts, guest b connects; SEND_WITH_IMM, WRITE_WITH_IMM
-// and READ cross the emulated link, then b disconnects.
-func TestRXEPairTransfer(t *testing.T) {
+// pairRole is this guest's side in the two-guest mode of tests/rxe;
+// elsewhere the test is skipped.
+func pairRole(t *testing.T) string {
+	t.Helper()
 	role := os.Getenv("RXE_ROLE")
 	if role != "a" && role != "b" {
 		t.Skip("runs only in the two-guest mode of tests/rxe (RXE_ROLE=a|b)")
 	}
+	return role
+}
+
+// TestRXEPairTransfer runs across two Soft-RoCE guests (tests/rxe pair
+// mode): guest a accepts, guest b connects; SEND_WITH_IMM, WRITE_WITH_IMM
+// and READ cross the emulated link, then b disconnects.
+func TestRXEPairTransfer(t *testing.T) {
+	role := pairRole(t)
 	d := openOrSkip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
