@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -312,7 +313,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		q.Close()
 		return nil, fmt.Errorf("shm: accept from %v: %w", r.RemoteAddr(), err)
 	}
-	p, err := newPeer(r.info, r.fds)
+	p, err := newPeer(r.info, r.fds, sameProcess(r.conn))
 	if err != nil {
 		return fail(err)
 	}
@@ -324,11 +325,12 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 			local.IP = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 		}
 	}
-	fds, err := q.shareFDs()
+	info := q.info(local, private)
+	fds, err := q.shareFDs(info)
 	if err != nil {
 		return fail(err)
 	}
-	err = writeMsg(r.conn, q.info(local, private).encode(msgAccept), fds...)
+	err = writeMsg(r.conn, info.encode(msgAccept), fds...)
 	closeFDs(fds)
 	if err != nil {
 		return fail(err)
@@ -394,11 +396,12 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	}
 	local := &Addr{IP: localIP, Port: portLo + int(localPorts.Add(1))%(portHi-portLo)}
 	remote := &Addr{IP: ip, Port: port}
-	fds, err := q.shareFDs()
+	myInfo := q.info(local, private)
+	fds, err := q.shareFDs(myInfo)
 	if err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
-	err = writeMsg(c, q.info(local, private).encode(msgConnect), fds...)
+	err = writeMsg(c, myInfo.encode(msgConnect), fds...)
 	closeFDs(fds)
 	if err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
@@ -435,7 +438,7 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 		closeFDs(rfds)
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
-	p, err := newPeer(info, rfds)
+	p, err := newPeer(info, rfds, sameProcess(c))
 	if err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
@@ -470,4 +473,18 @@ func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error
 		}
 	}
 	return nil, fmt.Errorf("%w: nothing listens on port %d (%v)", transport.ErrConnRefused, port, last)
+}
+
+// sameProcess reports whether the other end of c is this process, by the
+// kernel's word (SO_PEERCRED), not the peer's.
+func sameProcess(c *net.UnixConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var cred *unix.Ucred
+	rc.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	return err == nil && cred != nil && int(cred.Pid) == os.Getpid()
 }

@@ -2,23 +2,22 @@ package shm
 
 import (
 	"context"
-	"errors"
+	"crypto/rand"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // A CQ's header is shared memory because completions are added by the
 // peer process too (receive completions of our QPs). The armed flag and
-// the completion count live there; the eventfd that wakes Wait is handed
-// to peers over the connection's unix socket.
+// the completion count live there. A peer that finds the queue armed wakes
+// it with a message on the connection's unix socket (or directly, when the
+// peer is this process): an eventfd per queue, handed to each peer, would
+// cost three descriptors per connection end.
 const (
 	cqArmed    = 0 // u32: 1 after ReqNotify, cleared by the notifier
 	cqOverflow = 4 // u32: 1 once a completion was lost
@@ -42,15 +41,13 @@ func (h cqHeader) done(n int) { atomic.AddUint64(word64(h, cqCount), ^uint64(n-1
 
 func (h cqHeader) overflowed() bool { return atomic.LoadUint32(word32(h, cqOverflow)) != 0 }
 
-// notify wakes a waiter if the queue is armed. The completion must be
-// published before this runs; ReqNotify stores armed before the caller's
-// final Poll, so with both sides using sequentially consistent atomics a
-// completion is either seen by that Poll or finds the queue armed.
-func (h cqHeader) notify(efd int) {
-	if atomic.CompareAndSwapUint32(word32(h, cqArmed), 1, 0) {
-		var one = [8]byte{1}
-		unix.Write(efd, one[:])
-	}
+// disarm reports whether the queue was armed, and disarms it: the caller
+// then owes the waiter a wake-up. The completion must be published before
+// this runs; ReqNotify stores armed before the caller's final Poll, so with
+// both sides using sequentially consistent atomics a completion is either
+// seen by that Poll or finds the queue armed.
+func (h cqHeader) disarm() bool {
+	return atomic.CompareAndSwapUint32(word32(h, cqArmed), 1, 0)
 }
 
 // cqe is a completion generated in this process (send completions and
@@ -63,11 +60,12 @@ type cqe struct {
 }
 
 type cq struct {
-	cap   int
-	seg   *segment
-	hdr   cqHeader
-	rfile *os.File // nonblocking eventfd in the netpoller, for Wait
-	wfd   int      // a dup of the eventfd for notifying and for peers
+	id   uint64
+	cap  int
+	seg  *segment
+	hdr  cqHeader
+	woke chan struct{} // a wake-up for Wait, buffered so none is lost
+	done chan struct{} // closed by Close
 
 	mu      sync.Mutex
 	local   []cqe
@@ -78,32 +76,55 @@ type cq struct {
 	ovfSeen bool
 }
 
+var cqIDs atomic.Uint64
+
+// liveCQs finds a CQ of this process by id, for a peer in the same
+// process. procToken tells this process from others with the same pid
+// seen through another namespace.
+var (
+	liveCQs   sync.Map // uint64 → *cq
+	procToken = newToken()
+)
+
+func newToken() uint64 {
+	var b [8]byte
+	rand.Read(b[:]) // never fails (it would crash the program first)
+	return le64(b[:]) | 1
+}
+
+func lookupCQ(id uint64) *cq {
+	if v, ok := liveCQs.Load(id); ok {
+		return v.(*cq)
+	}
+	return nil
+}
+
 func newCQ(entries int) (*cq, error) {
-	seg, err := newSegment("rdmagrpc-shm-cq", cqHdrSize)
+	seg, err := newSegment(cqHdrSize)
 	if err != nil {
 		return nil, fmt.Errorf("shm: create CQ: %w", err)
 	}
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		seg.close()
-		return nil, fmt.Errorf("shm: create CQ: eventfd: %w", err)
-	}
-	wfd, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		unix.Close(efd)
-		seg.close()
-		return nil, fmt.Errorf("shm: create CQ: dup eventfd: %w", err)
-	}
-	// A nonblocking fd given to os.NewFile is registered with the
-	// netpoller, so Wait parks a goroutine, not a thread.
-	return &cq{
+	c := &cq{
+		id:    cqIDs.Add(1),
 		cap:   entries,
 		seg:   seg,
 		hdr:   cqHeader(seg.mem),
-		rfile: os.NewFile(uintptr(efd), "shm-cq-eventfd"),
-		wfd:   wfd,
+		woke:  make(chan struct{}, 1),
+		done:  make(chan struct{}),
 		users: map[*qp]int{},
-	}, nil
+	}
+	liveCQs.Store(c.id, c)
+	return c, nil
+}
+
+// signal wakes Wait (or the next Wait).
+func (c *cq) signal() { sendKick(c.woke) }
+
+// notify wakes a waiter if the queue is armed.
+func (c *cq) notify() {
+	if c.hdr.disarm() {
+		c.signal()
+	}
 }
 
 func (c *cq) Cap() int { return c.cap }
@@ -130,7 +151,7 @@ func (c *cq) push(e cqe) {
 		return
 	}
 	c.local = append(c.local, e)
-	c.hdr.notify(c.wfd)
+	c.notify()
 }
 
 // wake notifies an armed waiter that completions (flushes, computed at
@@ -139,7 +160,7 @@ func (c *cq) wake() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {
-		c.hdr.notify(c.wfd)
+		c.notify()
 	}
 }
 
@@ -155,7 +176,7 @@ func (c *cq) overflowLocked() {
 		q.ring.setErr()
 		q.kick()
 	}
-	c.hdr.notify(c.wfd)
+	c.notify()
 }
 
 // checkOverflow applies an overflow a peer caused to the QPs using us.
@@ -210,51 +231,36 @@ func (c *cq) Poll(wc []transport.WorkCompletion) (int, error) {
 var aLongTimeAgo = time.Unix(1, 0)
 
 func (c *cq) Wait(ctx context.Context) error {
-	var buf [8]byte
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := c.rfile.SetReadDeadline(time.Time{}); err != nil {
-			return c.waitErr(err)
-		}
-		stop := context.AfterFunc(ctx, func() { c.rfile.SetReadDeadline(aLongTimeAgo) })
-		_, err := c.rfile.Read(buf[:])
-		stop()
-		if err == nil {
-			return nil
-		}
-		// A deadline from an earlier Wait's cancelled context can land
-		// here; only our own ctx ends the wait.
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			continue
-		}
-		return c.waitErr(err)
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-}
-
-func (c *cq) waitErr(err error) error {
-	if errors.Is(err, os.ErrClosed) {
+	select {
+	case <-c.done:
 		return fmt.Errorf("shm: CQ wait: %w", net.ErrClosed)
+	default:
 	}
-	return fmt.Errorf("shm: CQ wait: %w", err)
+	select {
+	case <-c.woke:
+		return nil
+	case <-c.done:
+		return fmt.Errorf("shm: CQ wait: %w", net.ErrClosed)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// dupFDs returns dups of the header and eventfd for a peer.
-func (c *cq) dupFDs() (hdr, efd int, err error) {
+// share returns a dup of the header's arena fd and the header's place in it.
+func (c *cq) share() (fd int, off uint64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return -1, -1, fmt.Errorf("shm: CQ closed: %w", net.ErrClosed)
+		return -1, 0, fmt.Errorf("shm: CQ closed: %w", net.ErrClosed)
 	}
-	if hdr, err = c.seg.dupFD(); err != nil {
-		return -1, -1, fmt.Errorf("shm: dup CQ header for peer: %w", err)
+	fd, off, _, err = c.seg.share()
+	if err != nil {
+		return -1, 0, fmt.Errorf("shm: share CQ header with peer: %w", err)
 	}
-	if efd, err = dupFD(c.wfd); err != nil {
-		unix.Close(hdr)
-		return -1, -1, fmt.Errorf("shm: dup CQ eventfd for peer: %w", err)
-	}
-	return hdr, efd, nil
+	return fd, off, nil
 }
 
 func (c *cq) attach(q *qp, recv bool) {
@@ -299,10 +305,8 @@ func (c *cq) Close() error {
 		return nil
 	}
 	c.closed = true
-	err := errors.Join(c.rfile.Close(), unix.Close(c.wfd))
+	close(c.done)
+	liveCQs.Delete(c.id)
 	c.releaseLocked()
-	if err != nil {
-		return fmt.Errorf("shm: close CQ: %w", err)
-	}
 	return nil
 }

@@ -360,7 +360,20 @@ func (q *qp) deliver(slot uint64, wc *transport.WorkCompletion) {
 		pr.ring.setErr()
 		writeMsg(q.conn, []byte{msgErrNote})
 	}
-	pr.cq.notify(pr.efd)
+	q.notifyPeer()
+}
+
+// notifyPeer wakes the responder's receive CQ if it is armed.
+func (q *qp) notifyPeer() {
+	pr := q.peer
+	if !pr.cq.disarm() {
+		return
+	}
+	if pr.localCQ != nil {
+		pr.localCQ.signal()
+		return
+	}
+	writeMsg(q.conn, []byte{msgWake})
 }
 
 // localSegs resolves op's local scatter/gather list (or inline data).

@@ -11,54 +11,205 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// allocation is one memfd-backed mapping handed out by AllocMemory. A peer
-// that needs it receives a dup of fd and maps it itself, so freeing here
-// never pulls memory out from under a peer that is still copying.
-type allocation struct {
+// Memory a peer may map is carved out of arenas: memfds mapped shared and
+// handed out in page runs. One memfd per allocation would cost a process
+// a descriptor and a mapping for every ring of every connection, and ten
+// thousand idle connections would run into the descriptor limit and
+// vm.max_map_count long before memory; with arenas a connection costs
+// only its unix socket. Pages of an arena are allocated by the kernel on
+// first touch, and a freed run is punched out (zeroed and given back), so
+// a large arena costs address space, not memory, and the next owner of a
+// run never sees the previous one's data.
+//
+// A peer maps a whole arena, so the bounds of what it may touch are
+// enforced by the requester's checks against the MR table, as they always
+// were in this provider (the requester does the NIC's work); a process
+// that bypasses this package can reach every arena it was handed. Use the
+// verbs provider where peers are hostile.
+const (
+	arenaSize   = 64 << 20
+	dedicatedAt = arenaSize / 4 // larger allocations get a memfd of their own
+)
+
+// arena is one memfd mapping, split into page runs.
+type arena struct {
 	id   uint64
+	name string
 	fd   int
-	mem  []byte // the whole mapping, page-rounded
+	mem  []byte
 	base uintptr
-	mrs  atomic.Int32 // registrations over it; FreeMemory refuses while > 0
+	free []span // sorted by offset, coalesced, in bytes
+	used int    // bytes handed out
+	// dedicated arenas hold one large allocation and go when it does.
+	dedicated bool
+}
+
+type span struct{ off, n int }
+
+// take returns the offset of a run of n bytes (page-rounded), first fit.
+func (a *arena) take(n int) (int, bool) {
+	for i, s := range a.free {
+		if s.n < n {
+			continue
+		}
+		off := s.off
+		if s.n == n {
+			a.free = slices.Delete(a.free, i, i+1)
+		} else {
+			a.free[i] = span{s.off + n, s.n - n}
+		}
+		a.used += n
+		return off, true
+	}
+	return 0, false
+}
+
+// give returns a run, zeroed, to the free list.
+func (a *arena) give(off, n int) error {
+	err := unix.Fallocate(a.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n))
+	if err != nil {
+		// Without hole punching the run is still reusable once zeroed.
+		clear(a.mem[off : off+n])
+	}
+	a.used -= n
+	i, _ := slices.BinarySearchFunc(a.free, off, func(s span, off int) int { return s.off - off })
+	a.free = slices.Insert(a.free, i, span{off, n})
+	if i+1 < len(a.free) && a.free[i].off+a.free[i].n == a.free[i+1].off {
+		a.free[i].n += a.free[i+1].n
+		a.free = slices.Delete(a.free, i+1, i+2)
+	}
+	if i > 0 && a.free[i-1].off+a.free[i-1].n == a.free[i].off {
+		a.free[i-1].n += a.free[i].n
+		a.free = slices.Delete(a.free, i, i+1)
+	}
+	return nil
+}
+
+func (a *arena) close() error { return errors.Join(unix.Munmap(a.mem), unix.Close(a.fd)) }
+
+// pool is a set of arenas for one kind of memory. Data buffers and the
+// provider's own control structures (QP rings, CQ headers) never share an
+// arena, so that a peer handed a control arena at connect time does not
+// thereby map data it holds no key for.
+type pool struct {
+	name   string
+	arenas []*arena
+}
+
+var arenaIDs atomic.Uint64
+
+// alloc carves n bytes (a multiple of the page size) out of the pool.
+// Called with allocs locked.
+func (p *pool) alloc(n int) (*arena, int, error) {
+	dedicated := n >= dedicatedAt
+	if !dedicated {
+		for _, a := range p.arenas {
+			if a.dedicated {
+				continue
+			}
+			if off, ok := a.take(n); ok {
+				return a, off, nil
+			}
+		}
+	}
+	size := arenaSize
+	if dedicated {
+		size = n
+	}
+	fd, mem, err := newMemfd(p.name, size)
+	if err != nil {
+		return nil, 0, err
+	}
+	a := &arena{id: arenaIDs.Add(1), name: p.name, fd: fd, mem: mem, base: addrOf(mem), free: []span{{0, size}}, dedicated: dedicated}
+	arenas.byID[a.id] = a
+	p.arenas = append(p.arenas, a)
+	off, _ := a.take(n)
+	return a, off, nil
+}
+
+// release gives a run back and drops the arena once it is empty, unless it
+// is the pool's last shared one (kept so that a connection opened and
+// closed in a loop does not create a memfd each time). Called with allocs
+// locked.
+func (p *pool) release(a *arena, off, n int) error {
+	err := a.give(off, n)
+	if a.used > 0 {
+		return err
+	}
+	shared := 0
+	for _, b := range p.arenas {
+		if !b.dedicated {
+			shared++
+		}
+	}
+	if !a.dedicated && shared == 1 {
+		return err
+	}
+	p.arenas = slices.DeleteFunc(p.arenas, func(b *arena) bool { return b == a })
+	delete(arenas.byID, a.id)
+	return errors.Join(err, a.close())
+}
+
+// allocation is one run handed out by AllocMemory or to a segment.
+type allocation struct {
+	arena *arena
+	pool  *pool
+	off   int
+	mem   []byte // the whole run, page-rounded
+	base  uintptr
+	mrs   atomic.Int32 // registrations over it; FreeMemory refuses while > 0
 }
 
 func (a *allocation) contains(p uintptr, n int) bool {
 	return p >= a.base && p-a.base <= uintptr(len(a.mem)) && uintptr(n) <= uintptr(len(a.mem))-(p-a.base)
 }
 
-// allocs is the process-wide set of live allocations, sorted by address so
-// that RegMR can find the memfd behind any sub-slice it is given.
+var (
+	dataPool = &pool{name: "rdmagrpc-shm-mem"}
+	ctlPool  = &pool{name: "rdmagrpc-shm-ctl"}
+)
+
+// allocs is the process-wide set of live data allocations, sorted by
+// address so that RegMR can find the arena behind any sub-slice it is
+// given, and the arenas by id for handing them to peers.
 var allocs struct {
 	sync.RWMutex
 	sorted []*allocation
-	byID   map[uint64]*allocation
 }
 
-var allocIDs atomic.Uint64
+var arenas = struct{ byID map[uint64]*arena }{byID: map[uint64]*arena{}}
 
 var pageSize = unix.Getpagesize()
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
+func pageRound(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
+
+// carve takes a page-rounded run of at least size bytes from p.
+// Called with allocs locked.
+func carve(p *pool, size int) (*allocation, error) {
+	n := pageRound(size)
+	ar, off, err := p.alloc(n)
+	if err != nil {
+		return nil, err
+	}
+	mem := ar.mem[off : off+n : off+n]
+	return &allocation{arena: ar, pool: p, off: off, mem: mem, base: addrOf(mem)}, nil
+}
+
 func allocMemory(size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: alloc memory of %d bytes: size must be positive", size)
 	}
-	n := (size + pageSize - 1) &^ (pageSize - 1)
-	fd, mem, err := newMemfd("rdmagrpc-shm-mem", n)
+	allocs.Lock()
+	defer allocs.Unlock()
+	a, err := carve(dataPool, size)
 	if err != nil {
 		return nil, fmt.Errorf("shm: alloc memory of %d bytes: %w", size, err)
 	}
-	a := &allocation{id: allocIDs.Add(1), fd: fd, mem: mem, base: addrOf(mem)}
-	allocs.Lock()
-	if allocs.byID == nil {
-		allocs.byID = make(map[uint64]*allocation)
-	}
 	i, _ := slices.BinarySearchFunc(allocs.sorted, a.base, cmpBase)
 	allocs.sorted = slices.Insert(allocs.sorted, i, a)
-	allocs.byID[a.id] = a
-	allocs.Unlock()
-	return mem[:size:size], nil
+	return a.mem[:size:size], nil
 }
 
 func cmpBase(a *allocation, base uintptr) int {
@@ -77,21 +228,17 @@ func freeMemory(mem []byte) error {
 	}
 	base := addrOf(mem)
 	allocs.Lock()
+	defer allocs.Unlock()
 	i, found := slices.BinarySearchFunc(allocs.sorted, base, cmpBase)
 	if !found {
-		allocs.Unlock()
 		return fmt.Errorf("shm: free memory at %#x: not a slice returned by AllocMemory", base)
 	}
 	a := allocs.sorted[i]
 	if n := a.mrs.Load(); n > 0 {
-		allocs.Unlock()
 		return fmt.Errorf("shm: free memory at %#x: %d memory regions still registered over it: %w", base, n, unix.EBUSY)
 	}
 	allocs.sorted = slices.Delete(allocs.sorted, i, i+1)
-	delete(allocs.byID, a.id)
-	allocs.Unlock()
-	err := errors.Join(unix.Munmap(a.mem), unix.Close(a.fd))
-	if err != nil {
+	if err := a.pool.release(a.arena, a.off, len(a.mem)); err != nil {
 		return fmt.Errorf("shm: free memory at %#x: %w", base, err)
 	}
 	return nil
@@ -116,26 +263,32 @@ func acquireAlloc(p uintptr, n int) *allocation {
 	return nil
 }
 
-// dupAllocFD returns a dup of the memfd of allocation id, for handing to a peer.
-func dupAllocFD(id uint64) (int, error) {
+// dupArenaFD returns a dup of the memfd of arena id, for handing to a peer.
+func dupArenaFD(id uint64) (int, error) {
 	allocs.RLock()
 	defer allocs.RUnlock()
-	a := allocs.byID[id]
+	a := arenas.byID[id]
 	if a == nil {
-		return -1, fmt.Errorf("memfd %d is freed", id)
+		return -1, fmt.Errorf("arena %d is freed", id)
 	}
-	return unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
+	return dupFD(a.fd)
 }
 
 // newMemfd creates a memfd of size bytes and maps it shared.
 func newMemfd(name string, size int) (int, []byte, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return -1, nil, fmt.Errorf("memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
 		return -1, nil, fmt.Errorf("ftruncate memfd to %d: %w", size, err)
+	}
+	// Sealed against shrinking, so that a peer's mapping can never fault
+	// (SIGBUS) past a shortened end; peers check for the seal.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("seal memfd: %w", err)
 	}
 	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -145,45 +298,36 @@ func newMemfd(name string, size int) (int, []byte, error) {
 	return fd, mem, nil
 }
 
-// mapFD maps the whole of a memfd received from a peer. minSize guards
-// against a peer handing over something smaller than it announced.
-func mapFD(fd int, minSize int) ([]byte, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat peer memfd: %w", err)
-	}
-	if st.Size < int64(minSize) || st.Size <= 0 || st.Size > int64(deviceAttr.MaxMRSize) {
-		return nil, fmt.Errorf("peer memfd has %d bytes, want at least %d", st.Size, minSize)
-	}
-	mem, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("mmap peer memfd of %d bytes: %w", st.Size, err)
-	}
-	return mem, nil
-}
-
-// segment is a small shared-memory area of this process (MR table, QP
-// ring, CQ header) whose fd is handed to peers at connect time.
+// segment is a small shared-memory area of this process (QP ring, CQ
+// header) carved from a control arena; a peer is handed the arena's fd and
+// the segment's offset at connect time.
 type segment struct {
-	fd  int
+	a   *allocation
 	mem []byte
 }
 
-func newSegment(name string, size int) (*segment, error) {
-	size = (size + pageSize - 1) &^ (pageSize - 1)
-	fd, mem, err := newMemfd(name, size)
+func newSegment(size int) (*segment, error) {
+	allocs.Lock()
+	defer allocs.Unlock()
+	a, err := carve(ctlPool, size)
 	if err != nil {
 		return nil, err
 	}
-	return &segment{fd: fd, mem: mem}, nil
+	return &segment{a: a, mem: a.mem[:size:size]}, nil
 }
 
 func (s *segment) close() error {
-	return errors.Join(unix.Munmap(s.mem), unix.Close(s.fd))
+	allocs.Lock()
+	defer allocs.Unlock()
+	return s.a.pool.release(s.a.arena, s.a.off, len(s.a.mem))
 }
 
-func (s *segment) dupFD() (int, error) {
-	return unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+// share returns a dup of the segment's arena fd and the segment's place in it.
+func (s *segment) share() (fd int, off, size uint64, err error) {
+	allocs.RLock()
+	defer allocs.RUnlock()
+	fd, err = dupFD(s.a.arena.fd)
+	return fd, uint64(s.a.off), uint64(len(s.mem)), err
 }
 
 // Shared words are accessed only through these, with atomics, because the

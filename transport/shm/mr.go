@@ -27,8 +27,8 @@ const (
 	mrAccess   = 12 // u32
 	mrAddr     = 16 // u64, virtual address in the owner
 	mrLen      = 24 // u64
-	mrMemfdID  = 32 // u64, allocation id in the owner process
-	mrMemfdOff = 40 // u64, offset of addr inside that memfd
+	mrMemfdID  = 32 // u64, arena id in the owner process
+	mrMemfdOff = 40 // u64, offset of addr inside that arena's memfd
 )
 
 // mrEntry is one decoded table entry.
@@ -95,7 +95,8 @@ func (t mrTable) store(idx int, e mrEntry) {
 
 // mrTableOwner is a device's own table plus the Go-side state behind it.
 type mrTableOwner struct {
-	seg *segment
+	fd  int // a memfd of its own: every peer maps the table
+	mem []byte
 
 	mu     sync.Mutex
 	closed bool
@@ -108,11 +109,11 @@ type mrTableOwner struct {
 }
 
 func newMRTable() (*mrTableOwner, error) {
-	seg, err := newSegment("rdmagrpc-shm-mrtable", mrTableSize)
+	fd, mem, err := newMemfd("rdmagrpc-shm-mrtable", mrTableSize)
 	if err != nil {
 		return nil, fmt.Errorf("MR table: %w", err)
 	}
-	return &mrTableOwner{seg: seg}, nil
+	return &mrTableOwner{fd: fd, mem: mem}, nil
 }
 
 // close releases the table; peers keep their own mappings of it.
@@ -123,7 +124,7 @@ func (t *mrTableOwner) close() error {
 		return nil
 	}
 	t.closed = true
-	return t.seg.close()
+	return errors.Join(unix.Munmap(t.mem), unix.Close(t.fd))
 }
 
 func (t *mrTableOwner) dupFD() (int, error) {
@@ -132,14 +133,14 @@ func (t *mrTableOwner) dupFD() (int, error) {
 	if t.closed {
 		return -1, errors.New("shm: device closed")
 	}
-	fd, err := t.seg.dupFD()
+	fd, err := dupFD(t.fd)
 	if err != nil {
 		return -1, fmt.Errorf("shm: dup MR table for peer: %w", err)
 	}
 	return fd, nil
 }
 
-func (t *mrTableOwner) table() mrTable { return mrTable(t.seg.mem) }
+func (t *mrTableOwner) table() mrTable { return mrTable(t.mem) }
 
 // lookupLocal returns the live MR for key.
 func (t *mrTableOwner) lookupLocal(key uint32) *mr {
@@ -179,7 +180,7 @@ func (t *mrTableOwner) insert(m *mr) bool {
 	t.local[idx].Store(m)
 	t.table().store(int(idx), mrEntry{
 		key: m.key, pd: m.pd.id, access: m.access, addr: m.addr,
-		length: uint64(len(m.mem)), memfdID: m.alloc.id, memfdOff: uint64(m.addr - uint64(m.alloc.base)),
+		length: uint64(len(m.mem)), memfdID: m.alloc.arena.id, memfdOff: uint64(m.addr - uint64(m.alloc.arena.base)),
 	})
 	return true
 }

@@ -11,63 +11,73 @@ import (
 
 // peer is what a requester knows of the other side of its connection: the
 // peer device's MR table, the peer QP's receive ring and state, the peer's
-// receive CQ header and eventfd, and the peer memfds mapped so far. All of
-// it is the peer's memory: every value read from it is checked before use.
+// receive CQ header, and the peer arenas mapped so far. All of it is the
+// peer's memory: every value read from it is checked before use.
 type peer struct {
 	num, pd uint32
 	mrt     mrTable
 	ring    ring
 	cq      cqHeader
 	cqCap   int
-	efd     int
-	maps    map[uint64][]byte // memfd id → our mapping (guarded by the QP's sendMu)
+	// localCQ is the peer's receive CQ when the peer is this very process:
+	// its waiter is woken directly rather than through the socket.
+	localCQ *cq
+	held    []peerMapping          // MR table, ring arena, CQ arena
+	maps    map[uint64]peerMapping // arena id → mapping (guarded by the QP's sendMu)
 }
 
-// newPeer maps the fds received with a connect or accept message
-// (MR table, QP segment, receive CQ header, eventfd). It takes ownership
-// of fds.
-func newPeer(info qpInfo, fds []int) (*peer, error) {
+// newPeer maps the fds received with a connect or accept message (MR
+// table, the arena of the QP ring, the arena of the receive CQ header) and
+// takes ownership of them. sameProcess says the socket's other end is
+// this process (SO_PEERCRED).
+func newPeer(info qpInfo, fds []int, sameProcess bool) (*peer, error) {
 	if len(fds) != infoFDs {
 		closeFDs(fds)
 		return nil, fmt.Errorf("shm: peer sent %d fds, want %d", len(fds), infoFDs)
 	}
-	defer closeFDs(fds[:3])
-	p := &peer{num: info.num, pd: info.pd, cqCap: int(info.cqCap), efd: fds[3], maps: map[uint64][]byte{}}
-	mrt, err := mapFD(fds[0], mrTableSize)
+	p := &peer{num: info.num, pd: info.pd, cqCap: int(info.cqCap), maps: map[uint64]peerMapping{}}
+	for i, fd := range fds {
+		m, err := mapPeer(fd, 1)
+		if err != nil {
+			closeFDs(fds[i+1:])
+			p.unmap()
+			return nil, fmt.Errorf("shm: map peer memory %d of %d: %w", i+1, len(fds), err)
+		}
+		p.held = append(p.held, m)
+	}
+	mrt, err := p.held[0].window(0, mrTableSize)
 	if err != nil {
-		unix.Close(p.efd)
-		return nil, fmt.Errorf("shm: map peer MR table: %w", err)
+		p.unmap()
+		return nil, fmt.Errorf("shm: peer MR table: %w", err)
 	}
 	p.mrt = mrTable(mrt)
-	rq, err := mapFD(fds[1], qpSegSize(int(info.recvCap), int(info.recvSGE)))
-	if err != nil {
+	rq, err := p.held[1].window(info.ringOff, uint64(qpSegSize(int(info.recvCap), int(info.recvSGE))))
+	if err != nil || info.ringOff%8 != 0 {
 		p.unmap()
-		return nil, fmt.Errorf("shm: map peer QP: %w", err)
+		return nil, fmt.Errorf("shm: peer QP ring: misplaced (offset %d): %v", info.ringOff, err)
 	}
 	p.ring = newRing(rq, int(info.recvCap), int(info.recvSGE))
-	cqm, err := mapFD(fds[2], cqHdrSize)
-	if err != nil {
+	cqm, err := p.held[2].window(info.cqOff, cqHdrSize)
+	if err != nil || info.cqOff%8 != 0 {
 		p.unmap()
-		return nil, fmt.Errorf("shm: map peer CQ: %w", err)
+		return nil, fmt.Errorf("shm: peer CQ header: misplaced (offset %d): %v", info.cqOff, err)
 	}
 	p.cq = cqHeader(cqm)
+	if sameProcess && info.token == procToken {
+		p.localCQ = lookupCQ(info.cqID)
+	}
 	return p, nil
 }
 
 func (p *peer) unmap() {
-	for _, m := range [][]byte{p.mrt, p.ring.mem, p.cq} {
-		if m != nil {
-			unix.Munmap(m)
-		}
+	for i := range p.held {
+		p.held[i].release()
 	}
 	for _, m := range p.maps {
-		unix.Munmap(m)
+		m.release()
 	}
-	p.mrt, p.ring.mem, p.cq, p.maps = nil, nil, nil, nil
-	if p.efd >= 0 {
-		unix.Close(p.efd)
-		p.efd = -1
-	}
+	p.held, p.maps = nil, nil
+	p.mrt, p.ring.mem, p.cq = nil, nil, nil
 }
 
 // sweepAt is the number of cached peer mappings above which a new fetch
@@ -88,7 +98,7 @@ func (p *peer) sweep() {
 	}
 	for id, m := range p.maps {
 		if !live[id] {
-			unix.Munmap(m)
+			m.release()
 			delete(p.maps, id)
 		}
 	}
@@ -111,6 +121,9 @@ func (q *qp) reader() {
 			q.serveMemReq(b)
 		case msgMemRep:
 			q.deliverMemRep(b, fds)
+		case msgWake:
+			closeFDs(fds)
+			q.rcq.signal()
 		case msgErrNote:
 			closeFDs(fds)
 			// The peer already moved our QP (or our CQ) to ERROR in
@@ -139,11 +152,11 @@ func (q *qp) serveMemReq(b []byte) {
 	id := le64(b[9:])
 	key := le32(b[17:])
 	m := q.dev.mrs.lookupLocal(key)
-	if m == nil || m.pd != q.pd || m.alloc.id != id {
+	if m == nil || m.pd != q.pd || m.alloc.arena.id != id {
 		writeMsg(q.conn, encodeMemRep(req, false))
 		return
 	}
-	fd, err := dupAllocFD(id)
+	fd, err := dupArenaFD(id)
 	if err != nil {
 		writeMsg(q.conn, encodeMemRep(req, false))
 		return
@@ -174,11 +187,12 @@ func (q *qp) deliverMemRep(b []byte, fds []int) {
 
 var errMemfd = errors.New("shm: peer memory unavailable")
 
-// peerMem returns our mapping of the memfd behind a peer MR, fetching it
-// over the socket on first use. Called with sendMu held.
+// peerMem returns our mapping of the arena behind a peer MR, fetching it
+// over the socket on the connection's first use of it. Called with sendMu
+// held.
 func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	if m, ok := q.peer.maps[e.memfdID]; ok {
-		return m, nil
+		return m.mem, nil
 	}
 	q.memReqID++
 	req := q.memReqID
@@ -207,16 +221,15 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 			if r.fd < 0 {
 				return nil, fmt.Errorf("%w: peer refused memfd %d", errMemfd, e.memfdID)
 			}
-			mem, err := mapFD(r.fd, 1)
-			unix.Close(r.fd)
+			m, err := mapPeer(r.fd, 1)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %v", errMemfd, err)
 			}
 			if len(q.peer.maps) >= sweepAt {
 				q.peer.sweep()
 			}
-			q.peer.maps[e.memfdID] = mem
-			return mem, nil
+			q.peer.maps[e.memfdID] = m
+			return m.mem, nil
 		case <-q.hup:
 			return nil, fmt.Errorf("%w: peer gone", errMemfd)
 		case <-t.C:

@@ -83,7 +83,7 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		cfg.RetryCount < 0 || cfg.RetryCount > 7 {
 		return nil, fmt.Errorf("shm: create QP: attributes out of range (device limits %+v): %+v: %w", a, cfg, transport.ErrInvalidWR)
 	}
-	seg, err := newSegment("rdmagrpc-shm-qp", qpSegSize(cfg.MaxRecvWR, cfg.MaxRecvSGE))
+	seg, err := newSegment(qpSegSize(cfg.MaxRecvWR, cfg.MaxRecvSGE))
 	if err != nil {
 		return nil, fmt.Errorf("shm: create QP: %w", err)
 	}
@@ -119,24 +119,26 @@ func (q *qp) info(addr net.Addr, private []byte) *qpInfo {
 	}
 }
 
-// shareFDs returns dups of the fds the peer maps (MR table, QP segment,
-// receive CQ header and eventfd); the caller closes them after sending.
-func (q *qp) shareFDs() ([]int, error) {
+// shareFDs returns dups of the fds the peer maps (MR table, the arenas of
+// the QP ring and of the receive CQ header) and notes their places in
+// info; the caller closes them after sending.
+func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
 	mrt, err := q.dev.mrs.dupFD()
 	if err != nil {
 		return nil, err
 	}
-	seg, err := q.seg.dupFD()
+	seg, off, _, err := q.seg.share()
 	if err != nil {
 		closeFDs([]int{mrt})
-		return nil, fmt.Errorf("shm: dup QP segment for peer: %w", err)
+		return nil, fmt.Errorf("shm: share QP ring with peer: %w", err)
 	}
-	cqh, efd, err := q.rcq.dupFDs()
+	cqh, cqOff, err := q.rcq.share()
 	if err != nil {
 		closeFDs([]int{mrt, seg})
 		return nil, err
 	}
-	return []int{mrt, seg, cqh, efd}, nil
+	info.ringOff, info.cqOff, info.cqID, info.token = off, cqOff, q.rcq.id, procToken
+	return []int{mrt, seg, cqh}, nil
 }
 
 // start runs the connection's reader and the requester's retry worker.

@@ -14,7 +14,7 @@ import (
 // Messages on a connection's unix socket (SOCK_SEQPACKET, so each read is
 // one message). The data path never uses it.
 const (
-	msgConnect    = 1 // qpInfo + fds: MR table, QP segment, recv CQ header, recv CQ eventfd
+	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header
 	msgAccept     = 2 // same
 	msgReject     = 3 // private data
 	msgReady      = 4 // the connecting side has mapped everything (RTU)
@@ -22,10 +22,11 @@ const (
 	msgMemRep     = 6 // req id, ok; fd when ok
 	msgErrNote    = 7 // "I moved your QP (or your CQ) to ERROR", wake up
 	msgDisconnect = 8
+	msgWake       = 9 // "your armed receive CQ has a completion"
 
-	wireVersion = 1
+	wireVersion = 2
 	maxMsg      = 256
-	infoFDs     = 4
+	infoFDs     = 3
 )
 
 var errShortMsg = errors.New("shm: short or malformed control message")
@@ -35,6 +36,8 @@ type qpInfo struct {
 	num, pd          uint32
 	recvCap, recvSGE uint32
 	cqCap            uint32
+	ringOff, cqOff   uint64 // places of the ring and the CQ header in their arenas
+	cqID, token      uint64 // the CQ and the process, for waking it in-process
 	addr             netip.AddrPort
 	private          []byte
 }
@@ -46,6 +49,9 @@ func (m *qpInfo) encode(typ byte) []byte {
 	b = binary.LittleEndian.AppendUint32(b, m.recvCap)
 	b = binary.LittleEndian.AppendUint32(b, m.recvSGE)
 	b = binary.LittleEndian.AppendUint32(b, m.cqCap)
+	for _, v := range []uint64{m.ringOff, m.cqOff, m.cqID, m.token} {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
 	ip := m.addr.Addr().As16()
 	b = append(b, ip[:]...)
 	b = binary.LittleEndian.AppendUint16(b, m.addr.Port())
@@ -54,7 +60,7 @@ func (m *qpInfo) encode(typ byte) []byte {
 }
 
 func decodeInfo(b []byte) (qpInfo, error) {
-	const fixed = 2 + 5*4 + 16 + 2 + 1
+	const fixed = 2 + 5*4 + 4*8 + 16 + 2 + 1
 	if len(b) < fixed || b[1] != wireVersion {
 		return qpInfo{}, errShortMsg
 	}
@@ -65,10 +71,14 @@ func decodeInfo(b []byte) (qpInfo, error) {
 		recvCap: le.Uint32(b[10:]),
 		recvSGE: le.Uint32(b[14:]),
 		cqCap:   le.Uint32(b[18:]),
+		ringOff: le.Uint64(b[22:]),
+		cqOff:   le.Uint64(b[30:]),
+		cqID:    le.Uint64(b[38:]),
+		token:   le.Uint64(b[46:]),
 	}
-	ip := netip.AddrFrom16([16]byte(b[22:38])).Unmap()
-	m.addr = netip.AddrPortFrom(ip, le.Uint16(b[38:]))
-	n := int(b[40])
+	ip := netip.AddrFrom16([16]byte(b[54:70])).Unmap()
+	m.addr = netip.AddrPortFrom(ip, le.Uint16(b[70:]))
+	n := int(b[72])
 	if len(b) < fixed+n || n > maxPrivate {
 		return qpInfo{}, errShortMsg
 	}
