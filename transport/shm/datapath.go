@@ -171,6 +171,7 @@ func (q *qp) execute(op *sendOp) (transport.Status, time.Duration) {
 	if q.ring.state() == transport.QPSErr || q.peer == nil || q.peer.mrt == nil {
 		return transport.StatusWRFlushErr, 0
 	}
+	defer q.unpinAll()
 	switch op.wr.Opcode {
 	case transport.OpSend, transport.OpSendWithImm:
 		return q.execSend(op)
@@ -444,7 +445,20 @@ func (q *qp) peerRegion(key uint32, addr, n uint64, need transport.Access) ([]by
 	if off > uint64(len(mem)) || n > uint64(len(mem))-off {
 		return nil, false
 	}
+	// Held until the copy is done, so that the peer's Dereg waits for it
+	// (see pinWait).
+	if !pr.mrt.pin(key) {
+		return nil, false
+	}
+	q.pins = append(q.pins, key)
 	return mem[off : off+n], true
+}
+
+func (q *qp) unpinAll() {
+	for _, k := range q.pins {
+		q.peer.mrt.unpin(k)
+	}
+	q.pins = q.pins[:0]
 }
 
 // scatter copies the concatenation of src into the concatenation of dst,

@@ -158,6 +158,9 @@ type allocation struct {
 	mem   []byte // the whole run, page-rounded
 	base  uintptr
 	mrs   atomic.Int32 // registrations over it; FreeMemory refuses while > 0
+	// quarantined: a peer may still be copying into it (see pinWait), so
+	// FreeMemory forgets the run instead of handing it out again.
+	quarantined atomic.Bool
 }
 
 func (a *allocation) contains(p uintptr, n int) bool {
@@ -238,6 +241,9 @@ func freeMemory(mem []byte) error {
 		return fmt.Errorf("shm: free memory at %#x: %d memory regions still registered over it: %w", base, n, unix.EBUSY)
 	}
 	allocs.sorted = slices.Delete(allocs.sorted, i, i+1)
+	if a.quarantined.Load() {
+		return nil
+	}
 	if err := a.pool.release(a.arena, a.off, len(a.mem)); err != nil {
 		return fmt.Errorf("shm: free memory at %#x: %w", base, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -17,7 +18,7 @@ import (
 // a key is index<<8 | generation, so a deregistered key never validates
 // again even when its slot is reused.
 const (
-	mrEntries   = 1 << 14
+	mrEntries   = 1 << 18 // two per idle connection; the table's pages are touched as it fills
 	mrEntrySize = 64
 	mrTableSize = mrEntries * mrEntrySize
 
@@ -29,7 +30,15 @@ const (
 	mrLen      = 24 // u64
 	mrMemfdID  = 32 // u64, arena id in the owner process
 	mrMemfdOff = 40 // u64, offset of addr inside that arena's memfd
+	mrPins     = 48 // u32, requesters copying through the entry right now
 )
+
+// pinWait bounds how long Dereg waits for requesters still copying
+// through an entry it invalidated. A requester that outlives it (a peer
+// stopped or killed mid-copy) leaves the entry and its memory quarantined
+// rather than reused, so a late copy can never land in the next owner's
+// buffer.
+const pinWait = 2 * time.Second
 
 // mrEntry is one decoded table entry.
 type mrEntry struct {
@@ -79,6 +88,39 @@ func (t mrTable) lookup(key uint32) (mrEntry, bool) {
 	return mrEntry{}, false
 }
 
+// pin marks a requester copying through entry key, and fails if the key
+// was invalidated meanwhile. With sequentially consistent atomics either
+// the owner's Dereg sees the pin and waits for unpin, or the requester
+// sees the invalidated key.
+func (t mrTable) pin(key uint32) bool {
+	off := int(key>>8) * mrEntrySize
+	atomic.AddUint32(word32(t, off+mrPins), 1)
+	if atomic.LoadUint32(word32(t, off+mrKey)) != key {
+		t.unpin(key)
+		return false
+	}
+	return true
+}
+
+func (t mrTable) unpin(key uint32) {
+	atomic.AddUint32(word32(t, int(key>>8)*mrEntrySize+mrPins), ^uint32(0))
+}
+
+// awaitUnpinned waits until no requester copies through entry idx.
+func (t mrTable) awaitUnpinned(idx uint32) bool {
+	w := word32(t, int(idx)*mrEntrySize+mrPins)
+	var deadline time.Time
+	for d := time.Microsecond; atomic.LoadUint32(w) != 0; d = min(2*d, time.Millisecond) {
+		if deadline.IsZero() {
+			deadline = time.Now().Add(pinWait)
+		} else if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(d)
+	}
+	return true
+}
+
 func (t mrTable) store(idx int, e mrEntry) {
 	off := idx * mrEntrySize
 	seq := word32(t, off+mrSeq)
@@ -102,10 +144,31 @@ type mrTableOwner struct {
 	closed bool
 	free   []uint32
 	next   uint32
-	gen    [mrEntries]uint8
-	// local resolves an lkey on the requester's own side without touching
-	// shared memory a peer could scribble on.
-	local [mrEntries]atomic.Pointer[mr]
+	// chunks resolve an lkey on the requester's own side without touching
+	// shared memory a peer could scribble on. They are made as the table
+	// fills, so that a device costs little until it holds many MRs.
+	chunks [mrEntries / mrChunk]atomic.Pointer[mrChunkT]
+}
+
+const mrChunk = 1024
+
+type mrChunkT struct {
+	local [mrChunk]atomic.Pointer[mr]
+	gen   [mrChunk]uint8 // under mu
+}
+
+// slot returns the local pointer and generation of entry idx, making its
+// chunk if create is set (with mu held).
+func (t *mrTableOwner) slot(idx uint32, create bool) (*atomic.Pointer[mr], *uint8) {
+	c := t.chunks[idx/mrChunk].Load()
+	if c == nil {
+		if !create {
+			return nil, nil
+		}
+		c = new(mrChunkT)
+		t.chunks[idx/mrChunk].Store(c)
+	}
+	return &c.local[idx%mrChunk], &c.gen[idx%mrChunk]
 }
 
 func newMRTable() (*mrTableOwner, error) {
@@ -148,7 +211,11 @@ func (t *mrTableOwner) lookupLocal(key uint32) *mr {
 	if idx >= mrEntries {
 		return nil
 	}
-	m := t.local[idx].Load()
+	p, _ := t.slot(idx, false)
+	if p == nil {
+		return nil
+	}
+	m := p.Load()
 	if m == nil || m.key != key || m.dead.Load() {
 		return nil
 	}
@@ -172,12 +239,12 @@ func (t *mrTableOwner) insert(m *mr) bool {
 	default:
 		return false
 	}
-	t.gen[idx]++
-	if t.gen[idx] == 0 {
-		t.gen[idx] = 1
+	p, gen := t.slot(idx, true)
+	if *gen++; *gen == 0 {
+		*gen = 1
 	}
-	m.key = idx<<8 | uint32(t.gen[idx])
-	t.local[idx].Store(m)
+	m.key = idx<<8 | uint32(*gen)
+	p.Store(m)
 	t.table().store(int(idx), mrEntry{
 		key: m.key, pd: m.pd.id, access: m.access, addr: m.addr,
 		length: uint64(len(m.mem)), memfdID: m.alloc.arena.id, memfdOff: uint64(m.addr - uint64(m.alloc.arena.base)),
@@ -185,15 +252,27 @@ func (t *mrTableOwner) insert(m *mr) bool {
 	return true
 }
 
-func (t *mrTableOwner) remove(m *mr) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// remove invalidates m's entry and waits for requesters still copying
+// through it. It reports false if one outlived pinWait: the entry is then
+// never reused, and neither must m's memory be.
+func (t *mrTableOwner) remove(m *mr) bool {
 	idx := m.key >> 8
-	if !t.closed {
+	t.mu.Lock()
+	closed := t.closed
+	if !closed {
 		t.table().store(int(idx), mrEntry{})
 	}
-	t.local[idx].Store(nil)
+	if p, _ := t.slot(idx, false); p != nil {
+		p.Store(nil)
+	}
+	t.mu.Unlock()
+	if !closed && !t.table().awaitUnpinned(idx) {
+		return false
+	}
+	t.mu.Lock()
 	t.free = append(t.free, idx)
+	t.mu.Unlock()
+	return true
 }
 
 type pd struct {
@@ -314,7 +393,9 @@ func deregMR(addr, length uint64, key uint32, pdID uint32) (errno int32) {
 	if m.dead.Swap(true) {
 		return int32(unix.EINVAL)
 	}
-	p.dev.mrs.remove(m)
+	if !p.dev.mrs.remove(m) {
+		m.alloc.quarantined.Store(true)
+	}
 	p.mrs.Add(-1)
 	m.alloc.mrs.Add(-1)
 	return 0

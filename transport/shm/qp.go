@@ -40,6 +40,7 @@ type qp struct {
 	scratchL [][]byte
 	respFail respFail // set by execute, applied by run (sendMu)
 	scratchR [][]byte
+	pins     []uint32 // peer MR keys pinned by the executing request
 	sgeBuf   []transport.SGE
 	memReqID uint64
 

@@ -1,0 +1,193 @@
+package shm
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+func TestArenaRunReusedZeroed(t *testing.T) {
+	a, err := allocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer freeMemory(a)
+	b, err := allocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = 0xa5
+	}
+	addr := addrOf(b)
+	if err := freeMemory(b); err != nil {
+		t.Fatal(err)
+	}
+	c, err := allocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer freeMemory(c)
+	if addrOf(c) != addr {
+		t.Logf("run not reused (first fit found another): %#x, freed %#x", addrOf(c), addr)
+	}
+	for i, v := range c {
+		if v != 0 {
+			t.Fatalf("byte %d of a reused run is %#x: the previous owner's data leaked", i, v)
+		}
+	}
+}
+
+func TestArenaLargeAllocationDedicated(t *testing.T) {
+	big, err := allocMemory(dedicatedAt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocs.RLock()
+	var ar *arena
+	for _, a := range allocs.sorted {
+		if a.base == addrOf(big) {
+			ar = a.arena
+		}
+	}
+	allocs.RUnlock()
+	if ar == nil || !ar.dedicated || len(ar.mem) != dedicatedAt {
+		t.Fatalf("large allocation not in a dedicated arena: %+v", ar)
+	}
+	if err := freeMemory(big); err != nil {
+		t.Fatal(err)
+	}
+	allocs.RLock()
+	_, still := arenas.byID[ar.id]
+	allocs.RUnlock()
+	if still {
+		t.Fatal("dedicated arena kept after its allocation was freed")
+	}
+}
+
+func countFDs(t *testing.T) int {
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(es)
+}
+
+// Ten thousand idle connections per process fit in a 20,000 descriptor
+// limit only if a connection end costs its socket and nothing else.
+func TestOneDescriptorPerConnectionEnd(t *testing.T) {
+	cli, srv := openSide(t, 4096), openSide(t, 4096)
+	l, err := srv.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 50
+	var qps []transport.QP
+	defer func() {
+		for _, q := range qps {
+			q.Close()
+		}
+	}()
+	connect := func() {
+		errc := make(chan error, 1)
+		go func() {
+			r, err := l.Accept(ctx)
+			if err == nil {
+				var q transport.QP
+				q, err = r.Accept(ctx, srv.cfg(), nil)
+				if err == nil {
+					qps = append(qps, q)
+				}
+			}
+			errc <- err
+		}()
+		q, err := cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		qps = append(qps, q)
+	}
+	connect() // the first connection maps the peer's table and arenas
+	before := countFDs(t)
+	for range n {
+		connect()
+	}
+	if d := countFDs(t) - before; d != 2*n {
+		t.Fatalf("%d connections added %d descriptors, want %d (one socket per end)", n, d, 2*n)
+	}
+}
+
+// A requester copying through a peer MR holds its Dereg back, so that the
+// memory is never reused under the copy; one that never finishes leaves
+// the memory quarantined.
+func TestDeregWaitsForPinnedCopy(t *testing.T) {
+	cli, srv := pair(t, nil)
+	mem, err := srv.dev.AllocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := srv.pd.RegMR(mem, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerTable := cli.qp.(*qp).peer.mrt
+	if !peerTable.pin(mr.RKey()) {
+		t.Fatal("pin of a valid key failed")
+	}
+	done := make(chan error, 1)
+	go func() { done <- mr.Dereg() }()
+	select {
+	case err := <-done:
+		t.Fatalf("Dereg returned (%v) while a requester was copying", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if peerTable.pin(mr.RKey()) {
+		t.Fatal("a key being deregistered could be pinned again")
+	}
+	peerTable.unpin(mr.RKey())
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.dev.FreeMemory(mem); err != nil {
+		t.Fatal(err)
+	}
+
+	// A pin that is never released.
+	mem, err = srv.dev.AllocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err = srv.pd.RegMR(mem, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerTable.pin(mr.RKey())
+	start := time.Now()
+	if err := mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < pinWait {
+		t.Fatalf("Dereg gave up after %v, before pinWait", d)
+	}
+	stuck := addrOf(mem)
+	if err := srv.dev.FreeMemory(mem); err != nil {
+		t.Fatal(err)
+	}
+	again, err := srv.dev.AllocMemory(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.dev.FreeMemory(again)
+	if addrOf(again) == stuck {
+		t.Fatal("quarantined memory handed out again")
+	}
+}
