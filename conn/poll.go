@@ -13,12 +13,13 @@ import (
 // spinPolls is how many times the completion loop polls an empty queue,
 // yielding between polls, before it arms the queue and sleeps: under
 // traffic the next completion usually lands meanwhile, which saves the
-// wake-up (and, on shm, the peer's eventfd write, since an unarmed queue
-// is not notified).
+// wake-up (and, on shm, the peer's wake-up message, since an unarmed
+// queue is not notified).
 const spinPolls = 8
 
 // poll is the connection's completion loop: poll (spinning briefly), arm,
-// poll again, then sleep on the CQ's file descriptor in the netpoller.
+// poll again, then sleep in CQ.Wait (verbs: the completion channel in the
+// netpoller; shm: a channel).
 // It owns no OS thread while idle and exits when Close cancels ctx.
 func (c *Conn) poll(ctx context.Context) {
 	defer close(c.pollDone)

@@ -191,3 +191,23 @@ func TestDeregWaitsForPinnedCopy(t *testing.T) {
 		t.Fatal("quarantined memory handed out again")
 	}
 }
+
+// A peer that disarmed our queue and then went away before its wake-up
+// message was read must not leave a waiter asleep for good.
+func TestHangupWakesDisarmedQueue(t *testing.T) {
+	cli, srv := pair(t, nil)
+	if err := srv.rcq.ReqNotify(); err != nil {
+		t.Fatal(err)
+	}
+	if !srv.rcq.(*cq).hdr.disarm() { // what the peer's notifyPeer does
+		t.Fatal("queue not armed")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.rcq.Wait(ctx) }()
+	cli.qp.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Wait after the peer left: %v", err)
+	}
+}

@@ -426,6 +426,7 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 			priv = b[2 : 2+int(b[1])]
 		}
 		priv = transport.PadPrivate(priv, transport.PrivateLenReject)
+		q.shared = false // the listener closed what it was handed
 		fail(nil)
 		return nil, &transport.RejectError{Addr: addr, Private: priv}
 	case msgAccept:

@@ -74,6 +74,7 @@ type cq struct {
 	rr      int         // round-robin start over rings
 	closed  bool
 	ovfSeen bool
+	tainted bool // a QP closed without its peer's word that it stopped
 }
 
 var cqIDs atomic.Uint64
@@ -272,9 +273,12 @@ func (c *cq) attach(q *qp, recv bool) {
 	}
 }
 
-func (c *cq) detach(q *qp, recv bool) {
+func (c *cq) detach(q *qp, recv, clean bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !clean {
+		c.tainted = true
+	}
 	if recv {
 		for i, r := range c.rings {
 			if r == q {
@@ -290,10 +294,15 @@ func (c *cq) detach(q *qp, recv bool) {
 }
 
 // releaseLocked frees the shared header once the queue is closed and no
-// QP can still add to it.
+// QP can still add to it; a header a peer may still write (tainted) is
+// left unused rather than handed to the next queue.
 func (c *cq) releaseLocked() {
 	if c.closed && len(c.users) == 0 && c.seg != nil {
-		c.seg.close()
+		if c.tainted {
+			c.seg.quarantine()
+		} else {
+			c.seg.close()
+		}
 		c.seg = nil
 	}
 }

@@ -171,6 +171,11 @@ func (q *qp) execute(op *sendOp) (transport.Status, time.Duration) {
 	if q.ring.state() == transport.QPSErr || q.peer == nil || q.peer.mrt == nil {
 		return transport.StatusWRFlushErr, 0
 	}
+	// Mappings no valid peer MR names any more go before this request
+	// resolves (and pins) anything, never under its copy.
+	if len(q.peer.maps) >= sweepAt {
+		q.peer.sweep()
+	}
 	defer q.unpinAll()
 	switch op.wr.Opcode {
 	case transport.OpSend, transport.OpSendWithImm:
@@ -210,6 +215,7 @@ func (q *qp) execSend(op *sendOp) (transport.Status, time.Duration) {
 		return transport.StatusRemOpErr, 0
 	}
 	scatter(dst, src)
+	q.unpinAll() // before deliver, which may block on the socket
 	wc := transport.WorkCompletion{Opcode: transport.WCRecv, ByteLen: uint32(total)}
 	if op.wr.Opcode == transport.OpSendWithImm {
 		wc.Imm, wc.HasImm = op.wr.Imm, true
@@ -247,6 +253,7 @@ func (q *qp) execWrite(op *sendOp) (transport.Status, time.Duration) {
 			return transport.StatusRemAccessErr, 0
 		}
 		scatter([][]byte{dst}, src)
+		q.unpinAll()
 	}
 	if imm {
 		q.deliver(slot, &transport.WorkCompletion{
@@ -271,6 +278,7 @@ func (q *qp) execRead(op *sendOp) (transport.Status, time.Duration) {
 			return transport.StatusRemAccessErr, 0
 		}
 		scatter(dst, [][]byte{src})
+		q.unpinAll()
 	}
 	return transport.StatusSuccess, 0
 }
@@ -408,6 +416,15 @@ func (q *qp) localSegs(op *sendOp, write bool) ([][]byte, uint64, bool) {
 // peerRecvSegs resolves a responder receive's scatter list through the
 // responder's MR table, as the responder's NIC would with its lkeys.
 func (q *qp) peerRecvSegs(sg []transport.SGE) ([][]byte, uint64, bool) {
+	// Fetch every mapping first: a fetch may wait on the peer, and no pin
+	// is held meanwhile (a Dereg would wait on it, see pinWait).
+	for _, s := range sg {
+		if s.Length != 0 {
+			if e, ok := q.peer.mrt.lookup(s.LKey); ok {
+				q.peerMem(&e)
+			}
+		}
+	}
 	segs := q.scratchR[:0]
 	var room uint64
 	for _, s := range sg {
@@ -446,8 +463,13 @@ func (q *qp) peerRegion(key uint32, addr, n uint64, need transport.Access) ([]by
 		return nil, false
 	}
 	// Held until the copy is done, so that the peer's Dereg waits for it
-	// (see pinWait).
+	// (see pinWait). The entry is read again once pinned: a slot can be
+	// reused under the same key after 255 registrations.
 	if !pr.mrt.pin(key) {
+		return nil, false
+	}
+	if again, ok := pr.mrt.lookup(key); !ok || again != e {
+		pr.mrt.unpin(key)
 		return nil, false
 	}
 	q.pins = append(q.pins, key)

@@ -328,6 +328,14 @@ func (s *segment) close() error {
 	return s.a.pool.release(s.a.arena, s.a.off, len(s.a.mem))
 }
 
+// quarantine gives the segment's pages back to the kernel but never the
+// run to the pool: a peer may still write there (see qp.Close).
+func (s *segment) quarantine() {
+	allocs.Lock()
+	defer allocs.Unlock()
+	unix.Fallocate(s.a.arena.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(s.a.off), int64(len(s.a.mem)))
+}
+
 // share returns a dup of the segment's arena fd and the segment's place in it.
 func (s *segment) share() (fd int, off, size uint64, err error) {
 	allocs.RLock()

@@ -140,10 +140,11 @@ type mrTableOwner struct {
 	fd  int // a memfd of its own: every peer maps the table
 	mem []byte
 
-	mu     sync.Mutex
-	closed bool
-	free   []uint32
-	next   uint32
+	mu       sync.Mutex
+	closed   bool
+	removing sync.WaitGroup // removes waiting on pins; close waits for them
+	free     []uint32
+	next     uint32
 	// chunks resolve an lkey on the requester's own side without touching
 	// shared memory a peer could scribble on. They are made as the table
 	// fills, so that a device costs little until it holds many MRs.
@@ -187,6 +188,9 @@ func (t *mrTableOwner) close() error {
 		return nil
 	}
 	t.closed = true
+	t.mu.Unlock()
+	t.removing.Wait() // they read the table
+	t.mu.Lock()
 	return errors.Join(unix.Munmap(t.mem), unix.Close(t.fd))
 }
 
@@ -261,6 +265,8 @@ func (t *mrTableOwner) remove(m *mr) bool {
 	closed := t.closed
 	if !closed {
 		t.table().store(int(idx), mrEntry{})
+		t.removing.Add(1)
+		defer t.removing.Done()
 	}
 	if p, _ := t.slot(idx, false); p != nil {
 		p.Store(nil)

@@ -3,7 +3,6 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -80,24 +79,20 @@ func (p *peer) unmap() {
 	p.mrt, p.ring.mem, p.cq = nil, nil, nil
 }
 
-// sweepAt is the number of cached peer mappings above which a new fetch
+// sweepAt is the number of cached peer mappings above which a request
 // first drops the mappings no valid peer MR refers to any more (memory the
 // peer deregistered and probably freed), so that a long connection whose
-// peer keeps reallocating buffers does not pin all of them.
+// peer keeps reallocating large buffers does not pin all of them.
 const sweepAt = 32
 
-// sweep unmaps cached memfds that no valid entry of the peer's MR table
-// names. Called with the QP's sendMu held: nothing is copying meanwhile.
+// sweep drops the cached mappings whose last used key is no longer valid.
+// A mapping dropped while another MR still names its arena is fetched
+// again on next use. Reading the whole table instead would fault in all of
+// its pages. Called with the QP's sendMu held, before a request pins
+// anything.
 func (p *peer) sweep() {
-	live := make(map[uint64]bool, len(p.maps))
-	for idx := range mrEntries {
-		off := idx * mrEntrySize
-		if atomic.LoadUint32(word32(p.mrt, off+mrKey)) != 0 {
-			live[atomic.LoadUint64(word64(p.mrt, off+mrMemfdID))] = true
-		}
-	}
 	for id, m := range p.maps {
-		if !live[id] {
+		if _, ok := p.mrt.lookup(m.lastKey); !ok {
 			m.release()
 			delete(p.maps, id)
 		}
@@ -192,6 +187,8 @@ var errMemfd = errors.New("shm: peer memory unavailable")
 // held.
 func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	if m, ok := q.peer.maps[e.memfdID]; ok {
+		m.lastKey = e.key
+		q.peer.maps[e.memfdID] = m
 		return m.mem, nil
 	}
 	q.memReqID++
@@ -225,9 +222,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %v", errMemfd, err)
 			}
-			if len(q.peer.maps) >= sweepAt {
-				q.peer.sweep()
-			}
+			m.lastKey = e.key
 			q.peer.maps[e.memfdID] = m
 			return m.mem, nil
 		case <-q.hup:

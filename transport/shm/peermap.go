@@ -13,7 +13,9 @@ import (
 // default) would end ten thousand connections before the descriptor
 // limit does. A memfd is known by its inode, whichever descriptor of it
 // arrives.
-type fileKey struct{ dev, ino uint64 }
+// The size is part of the key: inode numbers of old kernels' memfds are
+// 32-bit and may wrap.
+type fileKey struct{ dev, ino, size uint64 }
 
 type sharedMap struct {
 	mem  []byte
@@ -27,8 +29,9 @@ var peerMaps = struct {
 
 // peerMapping is one reference to a shared mapping.
 type peerMapping struct {
-	mem []byte
-	key fileKey
+	mem     []byte
+	key     fileKey
+	lastKey uint32 // the MR key last resolved through it (see sweep)
 }
 
 // mapPeer maps the whole of a memfd received from a peer, or takes one
@@ -51,7 +54,7 @@ func mapPeer(fd int, minSize int) (peerMapping, error) {
 	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
 		return peerMapping{}, fmt.Errorf("peer memfd is not sealed against shrinking (seals %#x, %v)", seals, err)
 	}
-	k := fileKey{dev: st.Dev, ino: st.Ino}
+	k := fileKey{dev: st.Dev, ino: st.Ino, size: uint64(st.Size)}
 	peerMaps.Lock()
 	defer peerMaps.Unlock()
 	if sm, ok := peerMaps.m[k]; ok {

@@ -57,9 +57,14 @@ type qp struct {
 	disc     chan struct{} // Disconnected()
 	peerGone atomic.Bool
 	discing  atomic.Bool
-	started  bool
-	closed   sync.Once
-	wg       sync.WaitGroup
+	// shared: the peer was handed our ring and CQ header. forced: we
+	// closed the socket without the peer's word that it stopped (see
+	// Close).
+	shared  bool
+	forced  atomic.Bool
+	started bool
+	closed  sync.Once
+	wg      sync.WaitGroup
 }
 
 type memReply struct {
@@ -139,6 +144,7 @@ func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
 		return nil, err
 	}
 	info.ringOff, info.cqOff, info.cqID, info.token = off, cqOff, q.rcq.id, procToken
+	q.shared = true
 	return []int{mrt, seg, cqh}, nil
 }
 
@@ -303,8 +309,10 @@ func (q *qp) hangup() {
 	q.progress()
 	q.sendMu.Unlock()
 	q.conn.Close()
-	q.scq.wake()
-	q.rcq.wake()
+	// Unconditionally: a peer may have disarmed a queue and sent a wake-up
+	// this reader will never read.
+	q.scq.signal()
+	q.rcq.signal()
 	close(q.disc)
 }
 
@@ -336,6 +344,7 @@ func (q *qp) Disconnect() error {
 	select {
 	case <-q.disc:
 	case <-t.C:
+		q.forced.Store(true)
 		q.conn.Close() // the reader sees the error and runs hangup
 		<-q.disc
 	}
@@ -356,9 +365,18 @@ func (q *qp) Close() error {
 		q.sendMu.Unlock()
 		q.peerGone.Store(true)
 		q.drainRecv()
-		q.scq.detach(q, false)
-		q.rcq.detach(q, true)
-		q.seg.close()
+		// A peer that said it stopped (its DISCONNECT or its end closed,
+		// a dead process included) writes our ring and CQ header no
+		// more, and they can be reused. Otherwise a late write could land
+		// in the next connection's ring: they are left unused instead.
+		clean := !q.shared || (q.started && !q.forced.Load())
+		q.scq.detach(q, false, clean)
+		q.rcq.detach(q, true, clean)
+		if clean {
+			q.seg.close()
+		} else {
+			q.seg.quarantine()
+		}
 	})
 	return nil
 }
