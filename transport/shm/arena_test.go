@@ -211,3 +211,42 @@ func TestHangupWakesDisarmedQueue(t *testing.T) {
 		t.Fatalf("Wait after the peer left: %v", err)
 	}
 }
+
+// runFree reports whether the run of seg is back in its arena's free list.
+func runFree(seg *segment) bool {
+	allocs.RLock()
+	defer allocs.RUnlock()
+	for _, s := range seg.a.arena.free {
+		if s.off <= seg.a.off && seg.a.off < s.off+s.n {
+			return true
+		}
+	}
+	return false
+}
+
+// A ring the peer may still write (it did not acknowledge the disconnect
+// in time) is never handed to the next QP; one it released is.
+func TestRingQuarantinedAfterForcedDisconnect(t *testing.T) {
+	cli, srv := pair(t, nil)
+	peer := srv.qp.(*qp)
+	peer.sendMu.Lock() // the peer's hang-up cannot finish: no acknowledgement
+	q := cli.qp.(*qp)
+	seg := q.seg
+	start := time.Now()
+	q.Close()
+	peer.sendMu.Unlock()
+	if !q.forced.Load() || time.Since(start) < time.Second {
+		t.Fatalf("disconnect not forced (after %v)", time.Since(start))
+	}
+	if runFree(seg) {
+		t.Fatal("ring of a forced disconnect returned to the pool")
+	}
+
+	cli2, _ := pair(t, nil)
+	q2 := cli2.qp.(*qp)
+	seg2 := q2.seg
+	q2.Close()
+	if q2.forced.Load() || !runFree(seg2) {
+		t.Fatal("ring of a clean disconnect not returned to the pool")
+	}
+}
