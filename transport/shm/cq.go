@@ -257,7 +257,7 @@ func (c *cq) share() (fd int, off uint64, err error) {
 	if c.closed {
 		return -1, 0, fmt.Errorf("shm: CQ closed: %w", net.ErrClosed)
 	}
-	fd, off, _, err = c.seg.share()
+	fd, off, err = c.seg.share()
 	if err != nil {
 		return -1, 0, fmt.Errorf("shm: share CQ header with peer: %w", err)
 	}

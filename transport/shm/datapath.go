@@ -416,11 +416,12 @@ func (q *qp) localSegs(op *sendOp, write bool) ([][]byte, uint64, bool) {
 // peerRecvSegs resolves a responder receive's scatter list through the
 // responder's MR table, as the responder's NIC would with its lkeys.
 func (q *qp) peerRecvSegs(sg []transport.SGE) ([][]byte, uint64, bool) {
-	// Fetch every mapping first: a fetch may wait on the peer, and no pin
-	// is held meanwhile (a Dereg would wait on it, see pinWait).
-	for _, s := range sg {
-		if s.Length != 0 {
-			if e, ok := q.peer.mrt.lookup(s.LKey); ok {
+	// With several SGEs, fetch every mapping first: a fetch may wait on
+	// the peer, and no earlier SGE's pin may be held meanwhile (a Dereg
+	// would wait on it, see pinWait). A single SGE holds no pin yet.
+	for i := 0; len(sg) > 1 && i < len(sg); i++ {
+		if sg[i].Length != 0 {
+			if e, ok := q.peer.mrt.lookup(sg[i].LKey); ok {
 				q.peerMem(&e)
 			}
 		}

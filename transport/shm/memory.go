@@ -64,13 +64,18 @@ func (a *arena) take(n int) (int, bool) {
 	return 0, false
 }
 
-// give returns a run, zeroed, to the free list.
-func (a *arena) give(off, n int) error {
+// punch gives the pages of a run back to the kernel, which zeroes them.
+func (a *arena) punch(off, n int) {
 	err := unix.Fallocate(a.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(n))
 	if err != nil {
-		// Without hole punching the run is still reusable once zeroed.
+		// Without hole punching the run is still zeroed for its next user.
 		clear(a.mem[off : off+n])
 	}
+}
+
+// give returns a run, zeroed, to the free list.
+func (a *arena) give(off, n int) {
+	a.punch(off, n)
 	a.used -= n
 	i, _ := slices.BinarySearchFunc(a.free, off, func(s span, off int) int { return s.off - off })
 	a.free = slices.Insert(a.free, i, span{off, n})
@@ -82,7 +87,6 @@ func (a *arena) give(off, n int) error {
 		a.free[i-1].n += a.free[i].n
 		a.free = slices.Delete(a.free, i, i+1)
 	}
-	return nil
 }
 
 func (a *arena) close() error { return errors.Join(unix.Munmap(a.mem), unix.Close(a.fd)) }
@@ -132,9 +136,9 @@ func (p *pool) alloc(n int) (*arena, int, error) {
 // closed in a loop does not create a memfd each time). Called with allocs
 // locked.
 func (p *pool) release(a *arena, off, n int) error {
-	err := a.give(off, n)
+	a.give(off, n)
 	if a.used > 0 {
-		return err
+		return nil
 	}
 	shared := 0
 	for _, b := range p.arenas {
@@ -143,11 +147,11 @@ func (p *pool) release(a *arena, off, n int) error {
 		}
 	}
 	if !a.dedicated && shared == 1 {
-		return err
+		return nil
 	}
 	p.arenas = slices.DeleteFunc(p.arenas, func(b *arena) bool { return b == a })
 	delete(arenas.byID, a.id)
-	return errors.Join(err, a.close())
+	return a.close()
 }
 
 // allocation is one run handed out by AllocMemory or to a segment.
@@ -242,6 +246,7 @@ func freeMemory(mem []byte) error {
 	}
 	allocs.sorted = slices.Delete(allocs.sorted, i, i+1)
 	if a.quarantined.Load() {
+		a.arena.punch(a.off, len(a.mem)) // its pages, never its run
 		return nil
 	}
 	if err := a.pool.release(a.arena, a.off, len(a.mem)); err != nil {
@@ -333,15 +338,15 @@ func (s *segment) close() error {
 func (s *segment) quarantine() {
 	allocs.Lock()
 	defer allocs.Unlock()
-	unix.Fallocate(s.a.arena.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(s.a.off), int64(len(s.a.mem)))
+	s.a.arena.punch(s.a.off, len(s.a.mem))
 }
 
 // share returns a dup of the segment's arena fd and the segment's place in it.
-func (s *segment) share() (fd int, off, size uint64, err error) {
+func (s *segment) share() (fd int, off uint64, err error) {
 	allocs.RLock()
 	defer allocs.RUnlock()
 	fd, err = dupFD(s.a.arena.fd)
-	return fd, uint64(s.a.off), uint64(len(s.mem)), err
+	return fd, uint64(s.a.off), err
 }
 
 // Shared words are accessed only through these, with atomics, because the

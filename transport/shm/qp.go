@@ -133,7 +133,7 @@ func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	seg, off, _, err := q.seg.share()
+	seg, off, err := q.seg.share()
 	if err != nil {
 		closeFDs([]int{mrt})
 		return nil, fmt.Errorf("shm: share QP ring with peer: %w", err)
