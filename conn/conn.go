@@ -92,6 +92,10 @@ type Conn struct {
 	cq       transport.CQ
 	pool     *bufpool.Pool
 	tel      *telemetry.Conn // nil-safe; see conn/telemetry.go
+	// inlineMax is the largest message the provider sends inline from
+	// the caller's memory (0: none): a ring whose slots fit needs no
+	// registered staging, and each write is one copy instead of two.
+	inlineMax int
 
 	rmu, wmu sync.Mutex // one reader, one writer at a time
 
@@ -161,6 +165,9 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	// The last staging slot holds control records; data uses the others.
 	c.tx[small] = txRing{stage: stage, stageSize: o.slotSize, stageSlots: o.slotCount - 1}
+	if want := max(o.slotSize, o.largeSize); dev.Attr().MaxInline >= want {
+		c.inlineMax = want
+	}
 	recvs := c.recvDepth()
 	if c.cq, err = dev.CreateCQ(2*recvs + 2*o.slotCount + maxServing + 16); err != nil {
 		return nil, cfg, fmt.Errorf("conn: completion queue: %w", err)
@@ -168,6 +175,7 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
 		MaxSendWR: max(o.slotCount, o.largeCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
+		MaxInline:  c.inlineMax,
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
 	return c, cfg, nil
@@ -432,18 +440,24 @@ func (c *Conn) write(b []byte) (int, error) {
 		// record posted in between (a reader's read request) must not
 		// take a later slot yet arrive first, or each would be read from
 		// the other's slot.
-		k := min(len(b), t.size, t.stageSize)
-		off := int(seq%uint64(t.stageSlots)) * t.stageSize
-		copy(t.stage.Bytes()[off:], b[:k])
+		wr := transport.SendWR{ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm, Signaled: true}
+		var k int
+		if t.stage == nil {
+			// Inline: the provider copies from b itself, at the post.
+			k = min(len(b), t.size)
+			wr.Inline, wr.Data = true, b[:k]
+		} else {
+			k = min(len(b), t.size, t.stageSize)
+			off := int(seq%uint64(t.stageSlots)) * t.stageSize
+			copy(t.stage.Bytes()[off:], b[:k])
+			wr.SG = []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}}
+		}
 		c.mu.Lock()
 		slot := t.msgs % uint64(t.count)
 		t.msgs++
 		cring, credits := c.takeCreditsLocked()
-		_, err := c.qp.PostSend(transport.SendWR{
-			ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm, Signaled: true,
-			SG:         []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}},
-			RemoteAddr: t.addr + slot*uint64(t.size), RKey: t.rkey, Imm: encodeImm(kindSmall+ring, cring, credits, k),
-		})
+		wr.RemoteAddr, wr.RKey, wr.Imm = t.addr+slot*uint64(t.size), t.rkey, encodeImm(kindSmall+ring, cring, credits, k)
+		_, err := c.qp.PostSend(wr)
 		if err != nil {
 			c.failLocked(fmt.Errorf("conn: post write: %w", err))
 			c.mu.Unlock()

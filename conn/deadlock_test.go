@@ -16,7 +16,9 @@ import (
 // advert, both readers waited forever (found by the soak).
 func TestRendezvousBothWaysFullRings(t *testing.T) {
 	for i := range 24 {
-		a, b := conns(t, WithAckTimeout(50*time.Millisecond, 2))
+		// Four large slots (128 KiB, the rendezvous threshold): the
+		// 200 KiB messages go by rendezvous and the rings fill.
+		a, b := conns(t, WithLargeBuffers(DefaultLargeSize, 4), WithAckTimeout(50*time.Millisecond, 2))
 		var msgs [][]byte
 		switch i % 4 {
 		case 0:
@@ -51,7 +53,8 @@ func TestRendezvousChunksBothWaysFullRings(t *testing.T) {
 		t.Logf("%d bytes spilled over the rounds", spilled)
 	}()
 	for i := range 16 {
-		a, b := conns(t, WithRendezvousThreshold(64<<10), WithRendezvousChunk(64<<10), WithAckTimeout(50*time.Millisecond, 2))
+		// Four large slots: the rings must fill for the case to happen.
+		a, b := conns(t, WithLargeBuffers(DefaultLargeSize, 4), WithRendezvousThreshold(64<<10), WithRendezvousChunk(64<<10), WithAckTimeout(50*time.Millisecond, 2))
 		msgs := [][]byte{random(20 << 10), random(128 << 10), random(20 << 10), random(20 << 10), random(20 << 10),
 			random(128 << 10), random(100), random(20 << 10), random(20 << 10), random(20 << 10), random(128 << 10), random(10)}
 		exchangeBothWays(t, i, a, b, msgs, time.Duration(i%4)*20*time.Millisecond)

@@ -104,19 +104,27 @@ func (c *Conn) enlarge() error {
 		ack := *c.enl.ack
 		c.enl.ack = nil
 		c.enl.tel.Answered(true)
-		// M4: provision our large send buffers, then switch.
-		c.mu.Unlock()
-		regStart := time.Now()
-		stage, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite)
-		c.enl.tel.Registration(time.Since(regStart))
-		c.mu.Lock()
-		if err != nil {
-			c.enl.localErr = err
-			c.finishEnlargeLocked(phaseLocalErr, outcomeLocalErr, from, 0, start)
-			return nil
+		// M4: provision our large send buffers, then switch. A provider
+		// that sends inline from the caller's memory (shm) needs none:
+		// its inline copy is the copy into the send buffer.
+		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count), credits: int(ack.count),
+			stageSize: c.o.largeSize, stageSlots: c.o.largeCount}
+		if c.inlineMax < t.size {
+			c.mu.Unlock()
+			regStart := time.Now()
+			stage, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite)
+			c.enl.tel.Registration(time.Since(regStart))
+			c.mu.Lock()
+			if err != nil {
+				c.enl.localErr = err
+				c.finishEnlargeLocked(phaseLocalErr, outcomeLocalErr, from, 0, start)
+				return nil
+			}
+			t.stage = stage
+		} else {
+			t.stageSlots = t.count // bounds nothing: credits do
 		}
-		c.tx[large] = txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count), credits: int(ack.count),
-			stage: stage, stageSize: c.o.largeSize, stageSlots: c.o.largeCount}
+		c.tx[large] = t
 		c.sending = large
 		c.finishEnlargeLocked(phaseLarge, outcomeEnlarged, from, ack.size, start)
 	case c.enl.refused:

@@ -79,7 +79,7 @@ func TestRendezvousBothWaysVectored(t *testing.T) {
 }
 
 func testRendezvousBothWaysVectored(t *testing.T) {
-	a, b := conns(t)
+	a, b := conns(t, WithLargeBuffers(DefaultLargeSize, 4)) // 200 KiB goes by rendezvous
 	mk := func() (net.Buffers, []byte) {
 		v := net.Buffers{random(10), random(5000), random(1 << 20), random(300), random(200 << 10), random(9)}
 		return v, bytes.Join(v, nil)

@@ -309,6 +309,12 @@ type SendWR struct {
 	Signaled bool
 	// Inline copies the data at post time; SG keys are not checked.
 	Inline bool
+	// Data, with Inline, is the payload itself instead of SG: it is
+	// copied before PostSend returns, so it may be any memory, registered
+	// or not (a caller's slice). A provider whose requester is the CPU
+	// (shm) offers a MaxInline as large as its rings, which saves the
+	// copy into registered staging memory that a NIC needs.
+	Data []byte
 	// RemoteAddr and RKey name the peer memory of WRITE, WRITE_WITH_IMM and READ.
 	RemoteAddr uint64
 	RKey       uint32

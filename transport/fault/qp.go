@@ -110,11 +110,11 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 
 func (q *qp) postSend(wr *transport.SendWR) error {
 	ev := Event{
-		Op: OpPostSend, Device: q.dev.inner.Name(), QPNum: q.num, Len: sgLen(wr.SG), Send: wr,
+		Op: OpPostSend, Device: q.dev.inner.Name(), QPNum: q.num, Len: sgLen(wr.SG) + len(wr.Data), Send: wr,
 		corruptible: true,
 	}
 	if wr.Opcode != transport.OpRead {
-		ev.payload = func() []byte { return q.gather(wr.SG) }
+		ev.payload = func() []byte { return q.payload(wr) }
 	}
 	d := q.dev.inj.decide(&ev)
 	if d.qpErr != nil {
@@ -124,6 +124,7 @@ func (q *qp) postSend(wr *transport.SendWR) error {
 	}
 	e := &sendEntry{seq: q.sendSeq, wr: *wr, length: uint32(ev.Len)}
 	e.wr.SG = slices.Clone(wr.SG)
+	e.wr.Data = nil // copied at post: not ours to keep
 	post := *wr
 	post.ID = e.seq
 	// A replacement keeps the queue's order: a zero-length RDMA WRITE
@@ -153,6 +154,7 @@ func (q *qp) postSend(wr *transport.SendWR) error {
 		}
 		e.stage = b
 		post.SG = []transport.SGE{{Addr: b.mr.Addr(), Length: uint32(ev.Len), LKey: b.mr.LKey()}}
+		post.Inline, post.Data = false, nil
 	}
 	q.sendSeq++
 	q.sendQ = append(q.sendQ, e)
@@ -179,9 +181,18 @@ func (q *qp) gather(sg []transport.SGE) []byte {
 	return out
 }
 
+// payload is what a send request sends: its inline Data, or a copy of
+// its gather list (nil if that is not in memory registered through us).
+func (q *qp) payload(wr *transport.SendWR) []byte {
+	if wr.Data != nil {
+		return slices.Clone(wr.Data)
+	}
+	return q.gather(wr.SG)
+}
+
 // stageCorrupt copies wr's payload into staging memory and flips the bits.
 func (q *qp) stageCorrupt(wr *transport.SendWR, n int, r *rule) (*stageBuf, error) {
-	data := q.gather(wr.SG)
+	data := q.payload(wr)
 	if len(data) != n {
 		return nil, fmt.Errorf("fault: rule %q: cannot corrupt a copy of work request %d: its memory was not registered through this provider: %w", r.Name, wr.ID, transport.ErrInvalidWR)
 	}

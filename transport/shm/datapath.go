@@ -45,9 +45,12 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 		op := sendOp{wr: *wr, idx: q.sqPosted, rnrLeft: q.cfg.RNRRetry}
 		q.sqPosted++
 		if wr.Inline {
-			op.data = gatherInline(q, wr.SG)
+			op.data = wr.Data
+			if op.data == nil {
+				op.data = gatherInline(q, wr.SG)
+			}
 			op.inline = true
-			op.wr.SG = nil
+			op.wr.SG, op.wr.Data = nil, nil
 		}
 		if len(q.sq) == 0 && q.run(&op) {
 			continue
@@ -55,6 +58,9 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 		p := new(sendOp)
 		*p = op
 		p.wr.SG = slices.Clone(op.wr.SG)
+		if wr.Data != nil {
+			p.data = slices.Clone(wr.Data) // the caller may reuse it once we return
+		}
 		q.sq = append(q.sq, p)
 	}
 	return len(wrs), nil
@@ -64,6 +70,9 @@ func (q *qp) checkWR(wr *transport.SendWR) error {
 	if wr.Opcode > transport.OpRead {
 		return fmt.Errorf("shm: post send on QP %d: opcode %d: %w", q.num, wr.Opcode, transport.ErrInvalidWR)
 	}
+	if wr.Data != nil && (!wr.Inline || len(wr.SG) > 0) {
+		return fmt.Errorf("shm: post send on QP %d: Data without Inline, or with SG too: %w", q.num, transport.ErrInvalidWR)
+	}
 	if len(wr.SG) > q.cfg.MaxSendSGE {
 		return fmt.Errorf("shm: post send on QP %d: %d SGEs, max %d: %w", q.num, len(wr.SG), q.cfg.MaxSendSGE, transport.ErrInvalidWR)
 	}
@@ -71,7 +80,7 @@ func (q *qp) checkWR(wr *transport.SendWR) error {
 		if wr.Opcode == transport.OpRead {
 			return fmt.Errorf("shm: post send on QP %d: inline RDMA READ: %w", q.num, transport.ErrInvalidWR)
 		}
-		var total uint64
+		total := uint64(len(wr.Data))
 		for _, s := range wr.SG {
 			total += uint64(s.Length)
 		}

@@ -36,12 +36,15 @@ func (provider) Open(name string) (transport.Device, error) {
 }
 
 // Device limits. They are generous software limits chosen to resemble a
-// real HCA so that code tuned here does not break on hardware.
+// real HCA so that code tuned here does not break on hardware, but for
+// MaxInline: here the requester is the CPU, and an inline send is one copy
+// straight from the caller's memory into the responder's, where a NIC
+// would need a copy into registered staging memory first.
 var deviceAttr = transport.DeviceAttr{
 	MaxQPWR:     16384,
 	MaxSGE:      32,
 	MaxCQE:      1 << 20,
-	MaxInline:   512,
+	MaxInline:   1 << 20,
 	MaxMRSize:   1 << 40,
 	MaxQPRdAtom: 16,
 }

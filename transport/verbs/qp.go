@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -277,11 +278,14 @@ func (q *qp) checkSend(wr *transport.SendWR) error {
 	if len(wr.SG) > q.attrs.maxSendSGE {
 		return fmt.Errorf("verbs: %d SGEs, QP allows %d: %w", len(wr.SG), q.attrs.maxSendSGE, transport.ErrInvalidWR)
 	}
+	if wr.Data != nil && (!wr.Inline || len(wr.SG) > 0) {
+		return fmt.Errorf("verbs: Data without Inline, or with SG too: %w", transport.ErrInvalidWR)
+	}
 	if wr.Inline {
 		if wr.Opcode == transport.OpRead {
 			return fmt.Errorf("verbs: inline RDMA READ: %w", transport.ErrInvalidWR)
 		}
-		n := 0
+		n := len(wr.Data)
 		for _, s := range wr.SG {
 			n += int(s.Length)
 		}
@@ -302,11 +306,20 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 	defer q.postMu.Unlock()
 	q.sendWRs = q.sendWRs[:0]
 	q.sges = q.sges[:0]
+	// Inline Data is read by ibv_post_send itself: pinned for the call.
+	var pin runtime.Pinner
+	defer pin.Unpin()
 	var bad error
 	for i := range wrs {
 		wr := &wrs[i]
 		if bad = q.checkSend(wr); bad != nil {
 			break
+		}
+		sg := wr.SG
+		if len(wr.Data) > 0 {
+			p := unsafe.SliceData(wr.Data)
+			pin.Pin(p)
+			sg = []transport.SGE{{Addr: uint64(uintptr(unsafe.Pointer(p))), Length: uint32(len(wr.Data))}}
 		}
 		var flags C.uint8_t
 		if wr.Signaled {
@@ -317,10 +330,10 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 		}
 		q.sendWRs = append(q.sendWRs, C.struct_shim_send{
 			wr_id: C.uint64_t(wr.ID), remote_addr: C.uint64_t(wr.RemoteAddr),
-			rkey: C.uint32_t(wr.RKey), imm: C.uint32_t(wr.Imm), nsge: C.uint32_t(len(wr.SG)),
+			rkey: C.uint32_t(wr.RKey), imm: C.uint32_t(wr.Imm), nsge: C.uint32_t(len(sg)),
 			opcode: shimOpcodes[wr.Opcode], flags: flags,
 		})
-		q.sges = appendSGEs(q.sges, wr.SG)
+		q.sges = appendSGEs(q.sges, sg)
 	}
 	n, err := q.postSendBuilt()
 	if err != nil {
