@@ -29,6 +29,7 @@ type options struct {
 	// (0: the large ring's size; negative: never).
 	rdvThreshold int
 	rdvChunk     int
+	pollSpin     time.Duration
 	// OpenTelemetry: nil providers mean the otel globals; tel is what
 	// setup resolved them to (nil: no telemetry, for tests).
 	tracerProvider trace.TracerProvider
@@ -59,6 +60,8 @@ const (
 	// largest registered source and destination region a transfer uses;
 	// a bigger write is several adverts, two in flight.
 	DefaultRendezvousChunk = 4 << 20
+	// DefaultPollSpin: see WithPollSpin.
+	DefaultPollSpin = 100 * time.Microsecond
 )
 
 func defaults() options {
@@ -66,9 +69,24 @@ func defaults() options {
 		slotSize: DefaultSlotSize, slotCount: DefaultSlotCount,
 		largeSize: DefaultLargeSize, largeCount: DefaultLargeCount,
 		ackTimeout: DefaultAckTimeout, ackRetries: DefaultAckRetries,
-		rdvChunk: DefaultRendezvousChunk,
+		rdvChunk: DefaultRendezvousChunk, pollSpin: DefaultPollSpin,
 	}
 }
+
+// WithPollSpin sets how long a connection's completion loop keeps
+// polling, yielding to other goroutines between polls, after its last
+// completion before it arms the queue and sleeps (default 100 µs; 0:
+// sleep at once). Under traffic the next completion lands meanwhile, which
+// saves two wake-ups: ours, and the peer's wake-up of us (on shm a message
+// on the connection's socket), since an unarmed queue is not notified.
+// A connection that goes quiet pays it once, an idle one never. Measured
+// across two processes on shm (2 cores), against 0: unary 64 B p50 113 →
+// 17 µs (TCP 106), QPS at 8 callers 34,700 → 57,600 (TCP 35,800), 32 KiB
+// writes 3.6 → 10 GB/s; but a 1 MiB gRPC stream, where grpc-go itself
+// needs both cores, 1,190 → 900 MB/s. Aeron's IPC idle strategies and
+// brpc's polling mode make the same trade. Lower it on hosts with more
+// busy processes than cores.
+func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
 
 // WithProvider picks the transport provider ("verbs" or "shm").
 func WithProvider(name string) Option { return func(o *options) { o.provider = name } }

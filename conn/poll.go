@@ -11,18 +11,10 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// spinFor is how long the completion loop keeps polling an empty queue,
-// yielding between polls, after its last completion, before it arms the
-// queue and sleeps. Under traffic the next completion lands meanwhile,
-// which saves two wake-ups: ours, and (on shm) the peer's wake-up message,
-// since an unarmed queue is not notified. A connection that goes quiet
-// pays it once; an idle one not at all. Aeron's IPC idle strategy and
-// brpc's polling mode spin the same way.
-var spinFor = 50 * time.Microsecond
-
-// poll is the connection's completion loop: poll (spinning briefly), arm,
-// poll again, then sleep in CQ.Wait (verbs: the completion channel in the
-// netpoller; shm: a channel).
+// poll is the connection's completion loop: poll, spinning for
+// WithPollSpin after the last completion, then arm, poll again, and sleep
+// in CQ.Wait (verbs: the completion channel in the netpoller; shm: a
+// channel).
 // It owns no OS thread while idle and exits when Close cancels ctx.
 func (c *Conn) poll(ctx context.Context) {
 	defer close(c.pollDone)
@@ -46,7 +38,7 @@ func (c *Conn) poll(ctx context.Context) {
 			if last.IsZero() {
 				last = now
 			}
-			if now.Sub(last) < spinFor {
+			if now.Sub(last) < c.o.pollSpin {
 				runtime.Gosched()
 				continue
 			}
