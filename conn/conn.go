@@ -123,8 +123,7 @@ type Conn struct {
 	st      Stats
 	wg      sync.WaitGroup // the enlargement server
 
-	stopPoll context.CancelFunc
-	pollDone chan struct{}
+	pl pollState // the completion loop (poll.go)
 }
 
 type entry struct {
@@ -203,9 +202,7 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 		}
 	}
 	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
-	ctx, cancel := context.WithCancel(context.Background())
-	c.stopPoll, c.pollDone = cancel, make(chan struct{})
-	go c.poll(ctx)
+	c.startPolling()
 	return nil
 }
 
@@ -573,8 +570,7 @@ func (c *Conn) Close() error {
 
 	c.qp.Disconnect()
 	c.wg.Wait()
-	c.stopPoll()
-	<-c.pollDone
+	c.stopPolling()
 	// A reader copies out of a ring slot or a rendezvous destination
 	// without c.mu: that memory must outlive its copy. Readers woken by
 	// the broadcast, and any later one, see closed and leave.

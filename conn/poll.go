@@ -6,25 +6,112 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// poll is the connection's completion loop: poll, spinning for
-// WithPollSpin after the last completion, then arm, poll again, and sleep
-// in CQ.Wait (verbs: the completion channel in the netpoller; shm: a
-// channel).
-// It owns no OS thread while idle and exits when Close cancels ctx.
-func (c *Conn) poll(ctx context.Context) {
-	defer close(c.pollDone)
-	wcs := make([]transport.WorkCompletion, 32)
+// pollState says whether a completion loop runs. With a provider whose
+// CQ calls us back (transport.NotifyCQ, shm), the loop runs only while
+// there is traffic: after WithPollSpin of quiet it arms the queue and
+// exits, and the next completion starts it again, so an idle connection
+// has no goroutine of its own. Otherwise one loop runs for the life of the
+// connection and sleeps in CQ.Wait.
+type pollState struct {
+	mu      sync.Mutex
+	running bool
+	kicked  bool          // an event came while the loop ran: look again
+	stopped bool          // Close: no more loops
+	done    chan struct{} // closed when the running loop exits
+	stop    atomic.Bool   // stopped, read by the loop each round
+	cancel  context.CancelFunc
+}
+
+var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion) }}
+
+// startPolling starts the completion loop, or hands the CQ our kick.
+func (c *Conn) startPolling() {
+	if n, ok := c.cq.(transport.NotifyCQ); ok {
+		n.SetNotify(c.kickPoll)
+		c.kickPoll() // arms the queue, or finds what came already
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.pl.cancel = cancel
+	c.pl.running, c.pl.done = true, make(chan struct{})
+	go c.poll(ctx, c.pl.done, false)
+}
+
+// kickPoll is the CQ's callback: run the loop, or make the running one
+// look again before it exits.
+func (c *Conn) kickPoll() {
+	c.pl.mu.Lock()
+	defer c.pl.mu.Unlock()
+	switch {
+	case c.pl.stopped:
+	case c.pl.running:
+		c.pl.kicked = true
+	default:
+		c.pl.running, c.pl.done = true, make(chan struct{})
+		go c.poll(context.Background(), c.pl.done, true)
+	}
+}
+
+// pollExit ends the loop unless an event came since it last looked.
+func (c *Conn) pollExit(done chan struct{}) bool {
+	c.pl.mu.Lock()
+	defer c.pl.mu.Unlock()
+	if c.pl.kicked && !c.pl.stopped {
+		c.pl.kicked = false
+		return false
+	}
+	c.pl.running = false
+	close(done)
+	return true
+}
+
+// stopPolling ends the completion loop for good and waits for it.
+func (c *Conn) stopPolling() {
+	c.pl.mu.Lock()
+	c.pl.stopped = true
+	c.pl.stop.Store(true)
+	var done chan struct{}
+	if c.pl.running {
+		done = c.pl.done
+	}
+	if c.pl.cancel != nil {
+		c.pl.cancel()
+	}
+	c.pl.mu.Unlock()
+	if n, ok := c.cq.(transport.NotifyCQ); ok {
+		n.SetNotify(nil)
+	}
+	if done != nil {
+		<-done
+	}
+}
+
+// poll is the completion loop: poll, spinning for WithPollSpin after the
+// last completion, then arm, poll again, and exit (notified: the next
+// completion runs it again) or sleep in CQ.Wait (verbs: the completion
+// channel in the netpoller). It owns no OS thread while it sleeps.
+func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
+	buf := wcPool.Get().(*[32]transport.WorkCompletion)
+	defer wcPool.Put(buf)
+	wcs := buf[:]
 	armed := false
 	var last time.Time // the last completion, zero before the first
 	for {
+		if c.pl.stop.Load() {
+			c.pollExit(done)
+			return
+		}
 		n, err := c.cq.Poll(wcs)
 		if err != nil {
 			c.fail(fmt.Errorf("conn: completion queue: %w", err))
+			c.stopLoopOnError(done)
 			return
 		}
 		if n > 0 {
@@ -44,20 +131,35 @@ func (c *Conn) poll(ctx context.Context) {
 			}
 			if err := c.cq.ReqNotify(); err != nil {
 				c.fail(fmt.Errorf("conn: arm completion queue: %w", err))
+				c.stopLoopOnError(done)
 				return
 			}
 			armed = true
 			continue // a completion may have landed before arming
 		}
-		if err := c.cq.Wait(ctx); err != nil {
+		if notified {
+			if c.pollExit(done) {
+				return
+			}
+		} else if err := c.cq.Wait(ctx); err != nil {
 			if ctx.Err() == nil {
 				c.fail(fmt.Errorf("conn: wait for completions: %w", err))
 			}
+			c.stopLoopOnError(done)
 			return
 		}
 		armed = false
 		last = time.Time{}
 	}
+}
+
+// stopLoopOnError ends the loop after a queue error: no later event
+// starts it again.
+func (c *Conn) stopLoopOnError(done chan struct{}) {
+	c.pl.mu.Lock()
+	c.pl.stopped = true
+	c.pl.mu.Unlock()
+	c.pollExit(done)
 }
 
 // abortLocked fails the connection and tells the peer at once, as a TCP

@@ -144,6 +144,19 @@ type CQ interface {
 	Close() error
 }
 
+// NotifyCQ is a CQ that can call a function where it would wake a waiter
+// in Wait: a consumer then needs no goroutine per queue while the queue is
+// idle (a verbs completion channel shared by many CQs, or shm's wake-ups).
+type NotifyCQ interface {
+	CQ
+	// SetNotify makes every event that would end a Wait (a completion
+	// added to an armed queue, the QP's peer gone, the queue failing) call
+	// fn instead, on a goroutine of the provider's, possibly with its
+	// locks held: fn must not block or call into the queue. nil restores
+	// Wait.
+	SetNotify(fn func())
+}
+
 // QPConfig are the attributes of a new RC queue pair.
 type QPConfig struct {
 	PD         PD

@@ -351,7 +351,9 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		}
 		return fail(fmt.Errorf("waiting for the connection to be established: %w", err))
 	}
-	q.start(r.conn, p, local, r.RemoteAddr(), r.PeerPrivate())
+	if err := q.start(r.conn, p, local, r.RemoteAddr(), r.PeerPrivate()); err != nil {
+		return fail(err)
+	}
 	return q, nil
 }
 
@@ -447,7 +449,9 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if err := writeMsg(c, []byte{msgReady}); err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
-	q.start(c, p, local, remote, transport.PadPrivate(info.private, transport.PrivateLenAccept))
+	if err := q.start(c, p, local, remote, transport.PadPrivate(info.private, transport.PrivateLenAccept)); err != nil {
+		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	}
 	return q, nil
 }
 

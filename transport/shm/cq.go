@@ -65,6 +65,7 @@ type cq struct {
 	seg  *segment
 	hdr  cqHeader
 	woke chan struct{} // a wake-up for Wait, buffered so none is lost
+	fn   atomic.Pointer[func()] // SetNotify's: called instead of waking Wait
 	done chan struct{} // closed by Close
 
 	mu      sync.Mutex
@@ -118,8 +119,22 @@ func newCQ(entries int) (*cq, error) {
 	return c, nil
 }
 
-// signal wakes Wait (or the next Wait).
-func (c *cq) signal() { sendKick(c.woke) }
+// signal wakes Wait (or the next Wait), or calls SetNotify's function.
+func (c *cq) signal() {
+	if fn := c.fn.Load(); fn != nil {
+		(*fn)()
+		return
+	}
+	sendKick(c.woke)
+}
+
+func (c *cq) SetNotify(fn func()) {
+	if fn == nil {
+		c.fn.Store(nil)
+		return
+	}
+	c.fn.Store(&fn)
+}
 
 // notify wakes a waiter if the queue is armed.
 func (c *cq) notify() {

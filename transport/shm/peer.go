@@ -99,41 +99,34 @@ func (p *peer) sweep() {
 	}
 }
 
-// reader serves the connection's unix socket until the peer goes away.
-func (q *qp) reader() {
-	defer q.wg.Done()
-	buf := make([]byte, maxMsg)
-	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
-	for {
-		b, fds, err := readMsg(q.conn, buf, oob)
-		if err != nil {
-			q.hangup()
-			return
-		}
-		switch b[0] {
-		case msgMemReq:
-			closeFDs(fds)
-			q.serveMemReq(b)
-		case msgMemRep:
-			q.deliverMemRep(b, fds)
-		case msgWake:
-			closeFDs(fds)
-			q.rcq.signal()
-		case msgErrNote:
-			closeFDs(fds)
-			// The peer already moved our QP (or our CQ) to ERROR in
-			// shared memory; flush and wake whoever waits.
-			q.kick()
-			q.rcq.checkOverflow()
-			q.rcq.wake()
-		case msgDisconnect:
-			closeFDs(fds)
-			q.hangup()
-			return
-		default:
-			closeFDs(fds)
-		}
+// serveMsg serves one message from the peer's socket (on the socket
+// poller's goroutine: it must not block) and reports whether more may
+// follow.
+func (q *qp) serveMsg(b []byte, fds []int) bool {
+	switch b[0] {
+	case msgMemReq:
+		closeFDs(fds)
+		q.serveMemReq(b)
+	case msgMemRep:
+		q.deliverMemRep(b, fds)
+	case msgWake:
+		closeFDs(fds)
+		q.rcq.signal()
+	case msgErrNote:
+		closeFDs(fds)
+		// The peer already moved our QP (or our CQ) to ERROR in
+		// shared memory; flush and wake whoever waits.
+		q.kick()
+		q.rcq.checkOverflow()
+		q.rcq.wake()
+	case msgDisconnect:
+		closeFDs(fds)
+		q.hangup()
+		return false
+	default:
+		closeFDs(fds)
 	}
+	return true
 }
 
 // serveMemReq hands the peer the memfd behind one of our MRs, but only for

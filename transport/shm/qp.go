@@ -5,6 +5,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -50,13 +51,20 @@ type qp struct {
 	remote   net.Addr
 	peerPriv []byte
 
-	memRep   chan memReply
-	kickCh   chan struct{}
-	quit     chan struct{}
-	hup      chan struct{} // closed when the peer is gone
-	disc     chan struct{} // Disconnected()
-	peerGone atomic.Bool
-	discing  atomic.Bool
+	sockRC syscall.RawConn // conn's, for the socket poller
+	sockFD int             // conn's descriptor while watched (sockets.mu)
+	sockID int32           // its registration with the socket poller (sockets.mu)
+	memRep chan memReply
+	// The retry timer and kicks run service on a goroutine of their own,
+	// only while there is something to do: an idle QP has none.
+	kicking   atomic.Bool
+	svcMu     sync.Mutex
+	svcClosed bool // Close ran: service does nothing any more
+	hupOnce   sync.Once
+	hup       chan struct{} // closed when the peer is gone
+	disc      chan struct{} // Disconnected()
+	peerGone  atomic.Bool
+	discing   atomic.Bool
 	// shared: the peer was handed our ring and CQ header. forced: we
 	// closed the socket without the peer's word that it stopped (see
 	// Close).
@@ -64,7 +72,6 @@ type qp struct {
 	forced  atomic.Bool
 	started bool
 	closed  sync.Once
-	wg      sync.WaitGroup
 }
 
 type memReply struct {
@@ -104,13 +111,11 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		ring:     newRing(seg.mem, cfg.MaxRecvWR, cfg.MaxRecvSGE),
 		rqIDs:    make([]uint64, max(cfg.MaxRecvWR, 1)),
 		ownFlush: make([]bool, max(cfg.MaxRecvWR, 1)),
-		timer:    time.NewTimer(time.Hour),
 		memRep:   make(chan memReply, 1),
-		kickCh:   make(chan struct{}, 1),
-		quit:     make(chan struct{}),
 		hup:      make(chan struct{}),
 		disc:     make(chan struct{}),
 	}
+	q.timer = time.AfterFunc(time.Hour, q.service)
 	q.timer.Stop()
 	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
 	scq.attach(q, false)
@@ -148,13 +153,19 @@ func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
 	return []int{mrt, seg, cqh}, nil
 }
 
-// start runs the connection's reader and the requester's retry worker.
-func (q *qp) start(conn *net.UnixConn, p *peer, local, remote net.Addr, peerPriv []byte) {
+// start hands the connection's socket to the socket poller.
+func (q *qp) start(conn *net.UnixConn, p *peer, local, remote net.Addr, peerPriv []byte) error {
 	q.conn, q.peer, q.local, q.remote, q.peerPriv = conn, p, local, remote, peerPriv
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("shm: connection socket: %w", err)
+	}
+	q.sockRC = rc
+	if err := sockets.add(q); err != nil {
+		return err
+	}
 	q.started = true
-	q.wg.Add(2)
-	go q.reader()
-	go q.worker()
+	return nil
 }
 
 func (q *qp) Num() uint32                   { return q.num }
@@ -163,7 +174,18 @@ func (q *qp) LocalAddr() net.Addr           { return q.local }
 func (q *qp) RemoteAddr() net.Addr          { return q.remote }
 func (q *qp) PeerPrivate() []byte           { return q.peerPriv }
 func (q *qp) Disconnected() <-chan struct{} { return q.disc }
-func (q *qp) kick()                         { sendKick(q.kickCh) }
+
+// kick runs service soon, on a goroutine of its own (kick's callers hold
+// locks service takes).
+func (q *qp) kick() {
+	if q.kicking.CompareAndSwap(false, true) {
+		go func() {
+			q.kicking.Store(false)
+			q.service()
+		}()
+	}
+}
+
 func sendKick(ch chan struct{}) {
 	select {
 	case ch <- struct{}{}:
@@ -277,37 +299,36 @@ func (q *qp) SetError() error {
 	return nil
 }
 
-// worker retries work waiting for the responder (RNR, unresponsive
+// service retries work waiting for the responder (RNR, unresponsive
 // responder) and flushes the send queue when another goroutine moved the
-// QP to ERROR. It is woken only by its timer or a kick.
-func (q *qp) worker() {
-	defer q.wg.Done()
-	for {
-		select {
-		case <-q.quit:
-			return
-		case <-q.kickCh:
-		case <-q.timer.C:
-		}
-		q.sendMu.Lock()
-		q.progress()
-		q.sendMu.Unlock()
-		if q.ring.state() == transport.QPSErr {
-			q.scq.wake()
-			q.rcq.wake()
-		}
+// QP to ERROR. It runs when the retry timer fires or on a kick.
+func (q *qp) service() {
+	q.svcMu.Lock()
+	defer q.svcMu.Unlock()
+	if q.svcClosed {
+		return
+	}
+	q.sendMu.Lock()
+	q.progress()
+	q.sendMu.Unlock()
+	if q.ring.state() == transport.QPSErr {
+		q.scq.wake()
+		q.rcq.wake()
 	}
 }
 
 // hangup runs once the peer is gone (DISCONNECT received, socket closed,
 // process died): no peer work is in flight any more.
-func (q *qp) hangup() {
+func (q *qp) hangup() { q.hupOnce.Do(q.hangupOnce) }
+
+func (q *qp) hangupOnce() {
 	q.peerGone.Store(true)
 	q.ring.setErr()
 	close(q.hup) // releases a requester waiting for a memfd reply
 	q.sendMu.Lock()
 	q.progress()
 	q.sendMu.Unlock()
+	sockets.remove(q)
 	q.conn.Close()
 	// Unconditionally: a peer may have disarmed a queue and sent a wake-up
 	// this reader will never read.
@@ -345,8 +366,7 @@ func (q *qp) Disconnect() error {
 	case <-q.disc:
 	case <-t.C:
 		q.forced.Store(true)
-		q.conn.Close() // the reader sees the error and runs hangup
-		<-q.disc
+		q.hangup()
 	}
 	return nil
 }
@@ -354,8 +374,10 @@ func (q *qp) Disconnect() error {
 func (q *qp) Close() error {
 	q.closed.Do(func() {
 		q.Disconnect()
-		close(q.quit)
-		q.wg.Wait()
+		q.svcMu.Lock()
+		q.svcClosed = true
+		q.svcMu.Unlock()
+		q.timer.Stop()
 		q.sendMu.Lock()
 		q.ring.setErr()
 		q.progress()

@@ -94,13 +94,7 @@ func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	var fds []int
 	if oobn > 0 {
-		if cmsgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
-			for _, cm := range cmsgs {
-				if f, rerr := unix.ParseUnixRights(&cm); rerr == nil {
-					fds = append(fds, f...)
-				}
-			}
-		}
+		fds = parseRights(oob[:oobn])
 	}
 	if err == nil && n == 0 {
 		err = io.EOF
@@ -110,6 +104,19 @@ func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
 		return nil, nil, err
 	}
 	return buf[:n], fds, nil
+}
+
+// parseRights returns the descriptors passed in a message's control data.
+func parseRights(oob []byte) []int {
+	var fds []int
+	if cmsgs, err := unix.ParseSocketControlMessage(oob); err == nil {
+		for _, cm := range cmsgs {
+			if f, err := unix.ParseUnixRights(&cm); err == nil {
+				fds = append(fds, f...)
+			}
+		}
+	}
+	return fds
 }
 
 func writeMsg(c *net.UnixConn, b []byte, fds ...int) error {

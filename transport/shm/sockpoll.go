@@ -1,0 +1,189 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// One goroutine per process serves the unix sockets of every connection
+// end (wake-ups, memfd requests, error notes, disconnects): an idle
+// connection has no goroutine of its own, as a TCP socket has none in Go's
+// netpoller. The sockets sit in an epoll instance of ours, level
+// triggered, and that instance is itself waited for in Go's netpoller, so
+// no OS thread is parked either. The goroutine exits when it serves no
+// socket, and the next registration starts it again.
+type sockPoller struct {
+	mu      sync.Mutex
+	file    *os.File // the epoll instance, pollable
+	rc      syscall.RawConn
+	qps     map[int32]*qp // by registration id (the epoll event's data)
+	nextID  int32
+	running bool
+	done    chan struct{} // closed when the running goroutine exits
+}
+
+var sockets sockPoller
+
+// add registers q's socket; q.readSocket then runs on the poller
+// goroutine whenever it is readable.
+func (p *sockPoller) add(q *qp) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.file == nil {
+		fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("shm: epoll_create1: %w", err)
+		}
+		if err := unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("shm: epoll: %w", err)
+		}
+		f := os.NewFile(uintptr(fd), "shm-sockets")
+		rc, err := f.SyscallConn()
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("shm: epoll: %w", err)
+		}
+		p.file, p.rc, p.qps = f, rc, map[int32]*qp{}
+	}
+	id := p.nextID
+	for id == 0 || p.qps[id] != nil { // ids wrap after 2^31 registrations
+		id++
+		if id < 0 {
+			id = 1
+		}
+	}
+	p.nextID = id + 1
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: id}
+	var cerr error
+	err := q.sockRC.Control(func(fd uintptr) {
+		cerr = unix.EpollCtl(p.epfd(), unix.EPOLL_CTL_ADD, int(fd), &ev)
+		q.sockFD = int(fd)
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("shm: watch connection socket: %w", err)
+	}
+	q.sockID = id
+	p.qps[id] = q
+	if !p.running {
+		p.running = true
+		p.done = make(chan struct{})
+		p.file.SetReadDeadline(time.Time{})
+		go p.loop(p.done)
+	}
+	return nil
+}
+
+func (p *sockPoller) epfd() int {
+	fd := -1
+	p.rc.Control(func(f uintptr) { fd = int(f) })
+	return fd
+}
+
+// remove stops watching q's socket; it must run before the socket is
+// closed (a later socket could reuse the descriptor number).
+func (p *sockPoller) remove(q *qp) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if q.sockID == 0 || p.qps[q.sockID] != q {
+		return
+	}
+	delete(p.qps, q.sockID)
+	q.sockID = 0
+	unix.EpollCtl(p.epfd(), unix.EPOLL_CTL_DEL, q.sockFD, nil)
+	if len(p.qps) == 0 && p.running {
+		// Wake the goroutine so that it sees it has nothing to serve.
+		p.file.SetReadDeadline(aLongTimeAgo)
+	}
+}
+
+// loop is the poller goroutine: wait for readable sockets, serve each
+// until it would block, exit when nothing is registered.
+func (p *sockPoller) loop(done chan struct{}) {
+	defer close(done)
+	evs := make([]unix.EpollEvent, 128)
+	buf := make([]byte, maxMsg)
+	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
+	for {
+		var n int
+		err := p.rc.Read(func(fd uintptr) bool {
+			var werr error
+			n, werr = unix.EpollWait(int(fd), evs, 0)
+			if werr != nil {
+				n = 0
+				return werr != unix.EAGAIN // EINTR: look again at once
+			}
+			return n > 0
+		})
+		if err != nil {
+			p.mu.Lock()
+			if len(p.qps) == 0 {
+				p.running = false
+				p.mu.Unlock()
+				return
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				p.file.SetReadDeadline(time.Time{})
+				p.mu.Unlock()
+				continue
+			}
+			p.mu.Unlock()
+			// The epoll file itself failed: nothing can be served. Not
+			// expected; say so rather than spin.
+			fmt.Fprintf(os.Stderr, "shm: socket poller: %v\n", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		for i := range n {
+			id := evs[i].Fd
+			p.mu.Lock()
+			q := p.qps[id]
+			p.mu.Unlock()
+			if q != nil {
+				q.readSocket(buf, oob)
+			}
+		}
+	}
+}
+
+// readSocket serves every message waiting on q's socket; on end of file
+// or an error the peer is gone.
+func (q *qp) readSocket(buf, oob []byte) {
+	for {
+		var (
+			n, oobn int
+			rerr    error
+		)
+		err := q.sockRC.Read(func(fd uintptr) bool {
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+			return true // never wait here: the poller waits for every socket
+		})
+		if err == nil {
+			err = rerr
+		}
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			return
+		}
+		var fds []int
+		if err == nil && oobn > 0 {
+			fds = parseRights(oob[:oobn])
+		}
+		if err != nil || n == 0 {
+			closeFDs(fds)
+			q.hangup()
+			return
+		}
+		if !q.serveMsg(buf[:n], fds) {
+			return
+		}
+	}
+}
