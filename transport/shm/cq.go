@@ -64,9 +64,9 @@ type cq struct {
 	cap  int
 	seg  *segment
 	hdr  cqHeader
-	woke chan struct{} // a wake-up for Wait, buffered so none is lost
+	woke chan struct{}          // a wake-up for Wait, buffered so none is lost
 	fn   atomic.Pointer[func()] // SetNotify's: called instead of waking Wait
-	done chan struct{} // closed by Close
+	done chan struct{}          // closed by Close
 
 	mu      sync.Mutex
 	local   []cqe

@@ -24,8 +24,7 @@ type sockPoller struct {
 	rc      syscall.RawConn
 	qps     map[int32]*qp // by registration id (the epoll event's data)
 	nextID  int32
-	running bool
-	done    chan struct{} // closed when the running goroutine exits
+	running bool // a loop goroutine runs (or is about to see it must exit)
 }
 
 var sockets sockPoller
@@ -76,9 +75,8 @@ func (p *sockPoller) add(q *qp) error {
 	p.qps[id] = q
 	if !p.running {
 		p.running = true
-		p.done = make(chan struct{})
 		p.file.SetReadDeadline(time.Time{})
-		go p.loop(p.done)
+		go p.loop()
 	}
 	return nil
 }
@@ -108,8 +106,7 @@ func (p *sockPoller) remove(q *qp) {
 
 // loop is the poller goroutine: wait for readable sockets, serve each
 // until it would block, exit when nothing is registered.
-func (p *sockPoller) loop(done chan struct{}) {
-	defer close(done)
+func (p *sockPoller) loop() {
 	evs := make([]unix.EpollEvent, 128)
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
