@@ -75,7 +75,9 @@ func newRig(ctx context.Context, t network) (*rig, error) {
 
 func (r *rig) close() {
 	r.cc.Close()
-	r.srv.Stop()
+	if r.srv != nil {
+		r.srv.Stop()
+	}
 }
 
 func (r *rig) unary(ctx context.Context, size int) error {
@@ -148,26 +150,32 @@ func (r *rig) qps(ctx context.Context, conc, size int, d time.Duration) (perSec 
 // stream receives size-byte server-streamed messages for d and returns
 // the bytes per second received.
 func (r *rig) stream(ctx context.Context, size int, d time.Duration) (float64, error) {
+	bps, _, err := r.streamBytes(ctx, size, d)
+	return bps, err
+}
+
+// streamBytes is stream, with the bytes counted.
+func (r *rig) streamBytes(ctx context.Context, size int, d time.Duration) (float64, int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s, err := r.tc.StreamingFromServer(ctx, &testgrpc.SimpleRequest{ResponseSize: int32(size)})
 	if err != nil {
-		return 0, fmt.Errorf("%s: stream: %w", r.t.name, err)
+		return 0, 0, fmt.Errorf("%s: stream: %w", r.t.name, err)
 	}
 	// The first message includes the stream's start: not counted.
 	if _, err := s.Recv(); err != nil {
-		return 0, fmt.Errorf("%s: stream: %w", r.t.name, err)
+		return 0, 0, fmt.Errorf("%s: stream: %w", r.t.name, err)
 	}
 	var bytes int
 	start := time.Now()
 	for bytes < 2*size || time.Since(start) < d {
 		m, err := s.Recv()
 		if err != nil {
-			return 0, fmt.Errorf("%s: stream: %w", r.t.name, err)
+			return 0, 0, fmt.Errorf("%s: stream: %w", r.t.name, err)
 		}
 		bytes += len(m.GetPayload().GetBody())
 	}
-	return float64(bytes) / time.Since(start).Seconds(), nil
+	return float64(bytes) / time.Since(start).Seconds(), bytes, nil
 }
 
 // cpuTime is the user+sys CPU time of the process so far.

@@ -45,9 +45,17 @@ const (
 	reportOp = "report"
 )
 
-// ServeIdleIfChild serves idle connections and exits when the process
-// was started as idle's child; otherwise it returns at once.
+// ServeIdleIfChild serves, and exits, when the process was started as one
+// of the bench's children (the idle server, or the two-process server of
+// twoproc.go); otherwise it returns at once.
 func ServeIdleIfChild() {
+	if name := os.Getenv(serveEnv); name != "" {
+		if err := serveTwoProc(name, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "rdmabench server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	name := os.Getenv(idleEnv)
 	if name == "" {
 		return

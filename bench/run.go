@@ -23,6 +23,7 @@ type Config struct {
 	Idle        []int         // idle connection counts
 	Enlarge     int           // fresh connections enlarged per round
 	Provider    string        // rdmagrpc's provider; "": conn's own choice
+	OneProcess  bool          // also the one-process figures (a second table)
 	ConnOptions []conn.Option // for every rdmagrpc connection (not the idle server's)
 	Log         io.Writer     // progress; nil: none
 }
@@ -32,13 +33,14 @@ func DefaultConfig() Config {
 	return Config{
 		BenchTime:   300 * time.Millisecond,
 		Rounds:      5,
-		Sizes:       []int{64, 1 << 10, 64 << 10, 1 << 20, 4 << 20},
+		Sizes:       []int{64, 1 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20},
 		Concurrency: []int{1, 8, 64},
 		QPSSize:     64,
 		StreamSize:  1 << 20,
-		RawSizes:    []int{1 << 20, 16 << 20},
+		RawSizes:    []int{32 << 10, 1 << 20, 16 << 20},
 		Idle:        []int{1000, 10000},
 		Enlarge:     10,
+		OneProcess:  true,
 	}
 }
 
@@ -99,6 +101,7 @@ func sizeName(n int) string {
 // Raw connection variants beside the grpc transports.
 const (
 	RDMARings = "rdmagrpc-rings" // rendezvous off: WithRendezvousThreshold(-1)
+	Bufconn   = "bufconn"        // grpc-go's in-memory transport, one process: the ceiling
 	Memcpy    = "memcpy"
 )
 
@@ -134,7 +137,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	s.Close()
 
 	for round := range cfg.Rounds {
-		cfg.logf("round %d/%d\n", round+1, cfg.Rounds)
+		cfg.logf("round %d/%d: two processes\n", round+1, cfg.Rounds)
+		for _, size := range cfg.RawSizes {
+			rep.add(row2(rowRaw(size)), Memcpy, memcpyBandwidth(size, cfg.BenchTime))
+		}
+		for _, t := range rotate(append(rawTs, bufconnNetwork()), round) {
+			if err := rep.twoProcess(ctx, t); err != nil {
+				return nil, fmt.Errorf("round %d, two processes: %w", round+1, err)
+			}
+		}
+		if !cfg.OneProcess {
+			continue
+		}
+		cfg.logf("round %d/%d: one process\n", round+1, cfg.Rounds)
 		if err := rep.round(ctx, rotate(ts, round), rotate(rawTs, round)); err != nil {
 			return nil, fmt.Errorf("round %d: %w", round+1, err)
 		}
@@ -216,7 +231,6 @@ func (rep *Report) round(ctx context.Context, ts, rawTs []network) error {
 		rep.add(rowStream(cfg.StreamSize), r.t.name, bps)
 	}
 	for _, size := range cfg.RawSizes {
-		rep.add(rowRaw(size), Memcpy, memcpyBandwidth(size, d))
 		for _, t := range rawTs {
 			bps, err := rawThroughput(ctx, t, size, d)
 			if err != nil {

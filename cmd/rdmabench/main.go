@@ -30,6 +30,7 @@ func main() {
 	provider := flag.String("provider", "", "rdmagrpc provider (default: conn's own choice)")
 	out := flag.String("o", "", "also write the tables to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run")
+	flag.BoolVar(&cfg.OneProcess, "oneprocess", cfg.OneProcess, "also measure client and server in one process (a second table, for reference)")
 	host := flag.String("host", "", "address rdmagrpc listens on (default 127.0.0.1; an RDMA device's address with verbs)")
 	flag.Parse()
 	if *host != "" {

@@ -1,0 +1,458 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/rdmagrpc/rdmagrpc/conn"
+)
+
+// Services run in separate processes, and a cross-process wake-up costs
+// what a goroutine switch does not: the figures that count are measured
+// with the server in a child process (the bench's own executable, started
+// with serveEnv naming the transport) and the client here. The child
+// serves grpc-go's BenchmarkService and a raw sink on two listeners of the
+// transport, prints "grpcAddr rawAddr", answers each "cpu" line on stdin
+// with its CPU time in nanoseconds, and exits when stdin closes.
+const serveEnv = "RDMABENCH_SERVE"
+
+// childNetwork is the transport named name, as the child serves it.
+func childNetwork(name string) (network, bool) {
+	if name == RDMARings {
+		t := rdma(conn.WithRendezvousThreshold(-1))
+		t.name = RDMARings
+		return t, true
+	}
+	for _, t := range transports(os.TempDir()) {
+		if t.name == name {
+			return t, true
+		}
+	}
+	return network{}, false
+}
+
+func serveTwoProc(name string, in io.Reader, out io.Writer) error {
+	t, ok := childNetwork(name)
+	if !ok {
+		return fmt.Errorf("unknown transport %q", name)
+	}
+	ctx := context.Background()
+	gl, err := t.listen(ctx)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg))
+	testgrpc.RegisterBenchmarkServiceServer(srv, service{})
+	go srv.Serve(gl)
+	defer srv.Stop()
+	rl, err := t.listen(ctx)
+	if err != nil {
+		return err
+	}
+	defer rl.Close()
+	go func() {
+		for {
+			c, err := rl.Accept()
+			if err != nil {
+				return
+			}
+			go sink(c)
+		}
+	}()
+	fmt.Fprintln(out, gl.Addr().String(), rl.Addr().String())
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		if sc.Text() == "cpu" {
+			fmt.Fprintln(out, cpuTime().Nanoseconds())
+		}
+	}
+	return nil
+}
+
+// sink reads a raw connection to EOF, then answers with the byte count.
+func sink(c net.Conn) {
+	defer c.Close()
+	buf := make([]byte, 1<<20)
+	var n uint64
+	for {
+		k, err := c.Read(buf)
+		n += uint64(k)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				c.Write(binary.BigEndian.AppendUint64(nil, n))
+			}
+			return
+		}
+	}
+}
+
+// server is a running child.
+type server struct {
+	cmd       *exec.Cmd
+	in        io.WriteCloser
+	out       *bufio.Reader
+	grpc, raw string
+}
+
+func startServer(name, provider string) (*server, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), serveEnv+"="+name)
+	if provider != "" {
+		cmd.Env = append(cmd.Env, provEnv+"="+provider)
+	}
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	line, err := s.out.ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 2 {
+		s.stop()
+		return nil, fmt.Errorf("%s server did not start (%q): %v", name, line, err)
+	}
+	s.grpc, s.raw = f[0], f[1]
+	return s, nil
+}
+
+func (s *server) cpu() (time.Duration, error) {
+	if _, err := fmt.Fprintln(s.in, "cpu"); err != nil {
+		return 0, err
+	}
+	line, err := s.out.ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("server: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	return time.Duration(ns), err
+}
+
+func (s *server) stop() {
+	s.in.Close()
+	s.cmd.Wait()
+}
+
+// Rows of the two-process table (the prefix keeps them apart from the
+// one-process figures).
+func row2(s string) string            { return "2p " + s }
+func rowSrvCPU(c int) string          { return row2(fmt.Sprintf("server CPU/RPC c=%d", c)) }
+func rowStreamCPU(side string) string { return row2("stream CPU/MB " + side) }
+func rowRawCPU(size int, side string) string {
+	return row2("raw " + sizeName(size) + " CPU/MB " + side)
+}
+
+// twoProcess measures t with its server in a child process.
+func (rep *Report) twoProcess(ctx context.Context, t network) error {
+	cfg := &rep.Config
+	d := cfg.BenchTime
+	if t.name == Bufconn {
+		return rep.ceiling(ctx, t)
+	}
+	s, err := startServer(t.name, cfg.Provider)
+	if err != nil {
+		return err
+	}
+	defer s.stop()
+	if t.name != RDMARings {
+		cc, err := grpc.NewClient("passthrough:///"+s.grpc,
+			grpc.WithContextDialer(t.dial),
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)))
+		if err != nil {
+			return fmt.Errorf("%s: client: %w", t.name, err)
+		}
+		defer cc.Close()
+		r := &rig{t: t, cc: cc, tc: testgrpc.NewBenchmarkServiceClient(cc)}
+		for _, size := range cfg.Sizes { // warm up, enlarge
+			if err := r.unary(ctx, size); err != nil {
+				return err
+			}
+		}
+		for _, size := range cfg.Sizes {
+			p50, p99, err := r.latency(ctx, size, d)
+			if err != nil {
+				return err
+			}
+			rep.add(row2(rowP50(size)), t.name, p50.Seconds())
+			rep.add(row2(rowP99(size)), t.name, p99.Seconds())
+		}
+		for _, c := range cfg.Concurrency {
+			s0, err := s.cpu()
+			if err != nil {
+				return err
+			}
+			q, cpu, err := r.qps(ctx, c, cfg.QPSSize, d)
+			if err != nil {
+				return err
+			}
+			s1, err := s.cpu()
+			if err != nil {
+				return err
+			}
+			rep.add(row2(rowQPS(c)), t.name, q)
+			rep.add(row2(rowCPU(c)), t.name, cpu.Seconds())
+			calls := q * d.Seconds()
+			rep.add(rowSrvCPU(c), t.name, (s1-s0).Seconds()/max(calls, 1))
+		}
+		c0, s0 := cpuTime(), time.Duration(0)
+		if s0, err = s.cpu(); err != nil {
+			return err
+		}
+		bps, n, err := r.streamBytes(ctx, cfg.StreamSize, d)
+		if err != nil {
+			return err
+		}
+		c1 := cpuTime()
+		s1, err := s.cpu()
+		if err != nil {
+			return err
+		}
+		mb := float64(n) / 1e6
+		rep.add(row2(rowStream(cfg.StreamSize)), t.name, bps)
+		rep.add(rowStreamCPU("client"), t.name, (c1-c0).Seconds()/mb)
+		rep.add(rowStreamCPU("server"), t.name, (s1-s0).Seconds()/mb)
+	}
+	for _, size := range cfg.RawSizes {
+		if err := rep.rawTwoProcess(ctx, t, s, size, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rawTwoProcess writes size-byte buffers to the child's sink for d and
+// counts from the first write to the sink's answer that all arrived.
+func (rep *Report) rawTwoProcess(ctx context.Context, t network, s *server, size int, d time.Duration) error {
+	c, err := t.dial(ctx, s.raw)
+	if err != nil {
+		return fmt.Errorf("%s: raw dial: %w", t.name, err)
+	}
+	defer c.Close()
+	msg := body(size)
+	s0, err := s.cpu()
+	if err != nil {
+		return err
+	}
+	c0 := cpuTime()
+	start := time.Now()
+	var sent uint64
+	for i := 0; i < 2 || time.Since(start) < d; i++ {
+		k, err := c.Write(msg)
+		sent += uint64(k)
+		if err != nil {
+			return fmt.Errorf("%s: raw write: %w", t.name, err)
+		}
+	}
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		return fmt.Errorf("%s: close write: %w", t.name, err)
+	}
+	var ack [8]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil {
+		return fmt.Errorf("%s: raw sink's count: %w", t.name, err)
+	}
+	el := time.Since(start)
+	c1 := cpuTime()
+	s1, err := s.cpu()
+	if err != nil {
+		return err
+	}
+	if got := binary.BigEndian.Uint64(ack[:]); got != sent {
+		return fmt.Errorf("%s: raw sink read %d bytes of %d", t.name, got, sent)
+	}
+	name := t.name
+	mb := float64(sent) / 1e6
+	rep.add(row2(rowRaw(size)), name, float64(sent)/el.Seconds())
+	rep.add(rowRawCPU(size, "writer"), name, (c1-c0).Seconds()/mb)
+	rep.add(rowRawCPU(size, "reader"), name, (s1-s0).Seconds()/mb)
+	return nil
+}
+
+// bufconnNetwork is grpc-go's test/bufconn: a transport that costs
+// nothing, so grpc-go over it is the ceiling of any transport.
+func bufconnNetwork() network {
+	var l *bufconn.Listener
+	return network{
+		name: Bufconn,
+		listen: func(context.Context) (net.Listener, error) {
+			l = bufconn.Listen(1 << 20)
+			return l, nil
+		},
+		dial: func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) },
+	}
+}
+
+// ceiling measures grpc-go over bufconn, client and server in this process.
+func (rep *Report) ceiling(ctx context.Context, t network) error {
+	cfg := &rep.Config
+	d := cfg.BenchTime
+	r, err := newRig(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	for _, size := range cfg.Sizes {
+		p50, _, err := r.latency(ctx, size, d)
+		if err != nil {
+			return err
+		}
+		rep.add(row2(rowP50(size)), t.name, p50.Seconds())
+	}
+	for _, c := range cfg.Concurrency {
+		q, cpu, err := r.qps(ctx, c, cfg.QPSSize, d)
+		if err != nil {
+			return err
+		}
+		rep.add(row2(rowQPS(c)), t.name, q)
+		rep.add(row2(rowCPU(c)), t.name, cpu.Seconds()) // both ends
+	}
+	bps, err := r.stream(ctx, cfg.StreamSize, d)
+	if err != nil {
+		return err
+	}
+	rep.add(row2(rowStream(cfg.StreamSize)), t.name, bps)
+	return nil
+}
+
+// cell is a median formatted, or a dash where it was not measured.
+func (r *Report) cell(row, col string, u unit) (string, float64) {
+	v, ok := r.Median(row, col)
+	if !ok {
+		return "—", 0
+	}
+	return u.format(v), v
+}
+
+// twoProcMarkdown writes the two-process tables: the figures that count.
+func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
+	c := &r.Config
+	fmt.Fprintf(w, "grpc-go, server in a child process, client in the bench process (unary: request and response of the size each way); "+
+		"bufconn is grpc-go over test/bufconn in one process, the ceiling of any transport:\n\n")
+	fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | bufconn (ceiling) | rdmagrpc / TCP | rdmagrpc / ceiling |\n", rd)
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|\n")
+	type row struct {
+		name, label string
+		u           unit
+	}
+	var rows []row
+	for _, s := range c.Sizes {
+		rows = append(rows, row{row2(rowP50(s)), rowP50(s), seconds}, row{row2(rowP99(s)), rowP99(s), seconds})
+	}
+	for _, n := range c.Concurrency {
+		rows = append(rows, row{row2(rowQPS(n)), rowQPS(n) + " (" + sizeName(c.QPSSize) + " unary, calls/s)", perSec})
+	}
+	for _, n := range c.Concurrency {
+		rows = append(rows, row{row2(rowCPU(n)), rowCPU(n) + ", client (bufconn: both ends)", seconds},
+			row{rowSrvCPU(n), rowCPU(n) + ", server", seconds})
+	}
+	rows = append(rows, row{row2(rowStream(c.StreamSize)), rowStream(c.StreamSize) + " (server streaming)", bytesPerSec},
+		row{rowStreamCPU("client"), "stream CPU per MB, client", seconds},
+		row{rowStreamCPU("server"), "stream CPU per MB, server", seconds})
+	for _, x := range rows {
+		tcp, tv := r.cell(x.name, TCP, x.u)
+		ux, _ := r.cell(x.name, Unix, x.u)
+		rm, rv := r.cell(x.name, RDMA, x.u)
+		bc, bv := r.cell(x.name, Bufconn, x.u)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", x.label, tcp, ux, rm, bc, ratio(rv, tv), ratio(rv, bv))
+	}
+
+	fmt.Fprintf(w, "\nRaw net.Conn across two processes: the bench process writes, a child reads to EOF and says how much arrived; CPU per MB of each process:\n\n")
+	fmt.Fprintf(w, "| write size | memcpy | TCP loopback | unix socket | %s | %s, rings only | rings / TCP | writer CPU/MB TCP | writer CPU/MB rings | reader CPU/MB TCP | reader CPU/MB rings |\n", rd, rd)
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, s := range c.RawSizes {
+		rw := row2(rowRaw(s))
+		m, _ := r.cell(rw, Memcpy, bytesPerSec)
+		tcp, tv := r.cell(rw, TCP, bytesPerSec)
+		ux, _ := r.cell(rw, Unix, bytesPerSec)
+		rv, _ := r.cell(rw, RDMA, bytesPerSec)
+		rg, gv := r.cell(rw, RDMARings, bytesPerSec)
+		wt, _ := r.cell(rowRawCPU(s, "writer"), TCP, seconds)
+		wr, _ := r.cell(rowRawCPU(s, "writer"), RDMARings, seconds)
+		rt, _ := r.cell(rowRawCPU(s, "reader"), TCP, seconds)
+		rr, _ := r.cell(rowRawCPU(s, "reader"), RDMARings, seconds)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sizeName(s), m, tcp, ux, rv, rg, ratio(gv, tv), wt, wr, rt, rr)
+	}
+	fmt.Fprintln(w)
+}
+
+// twoProcGoals judges the two-process figures against issue 15.
+func (r *Report) twoProcGoals() []Goal {
+	var gs []Goal
+	rat := func(row, col string) (float64, string, bool) {
+		tcp, ok1 := r.Median(row, TCP)
+		v, ok2 := r.Median(row, col)
+		if !ok1 || !ok2 || tcp == 0 {
+			return 0, "", false
+		}
+		return v / tcp, ratio(v, tcp), true
+	}
+	if x, s, ok := rat(row2(rowRaw(32<<10)), RDMARings); ok {
+		gs = append(gs, Goal{"raw 32 KiB writes ≥ 2× TCP (target 3×), two processes", s, x >= 2})
+	}
+	for _, side := range []string{"writer", "reader"} {
+		if x, s, ok := rat(rowRawCPU(32<<10, side), RDMARings); ok {
+			gs = append(gs, Goal{"raw 32 KiB " + side + " CPU per MB ≤ 1× TCP (target 0.5×)", s, x <= 1})
+		}
+	}
+	if x, s, ok := rat(row2(rowStream(1<<20)), RDMA); ok {
+		got := s
+		met := x >= 1.5
+		if bc, ok := r.Median(row2(rowStream(1<<20)), Bufconn); ok {
+			v, _ := r.Median(row2(rowStream(1<<20)), RDMA)
+			got += ", " + ratio(v, bc) + " of the ceiling"
+			met = met && v >= 0.7*bc
+		}
+		gs = append(gs, Goal{"gRPC stream 1 MiB ≥ 1.5× TCP and ≥ 0.7× bufconn", got, met})
+	}
+	for _, size := range []int{1 << 20, 256 << 10, 64} {
+		if x, s, ok := rat(row2(rowP50(size)), RDMA); ok {
+			gs = append(gs, Goal{"unary " + sizeName(size) + " p50 ≤ 0.8× TCP", s, x <= 0.8})
+		}
+	}
+	if x, s, ok := rat(row2(rowQPS(8)), RDMA); ok {
+		gs = append(gs, Goal{"QPS c=8 ≥ 1.3× TCP", s, x >= 1.3})
+	}
+	var got []string
+	met, any := true, false
+	for _, n := range r.Config.Concurrency {
+		tc, ok1 := r.Median(row2(rowCPU(n)), TCP)
+		ts, ok2 := r.Median(rowSrvCPU(n), TCP)
+		rc, ok3 := r.Median(row2(rowCPU(n)), RDMA)
+		rs, ok4 := r.Median(rowSrvCPU(n), RDMA)
+		if ok1 && ok2 && ok3 && ok4 {
+			any = true
+			got = append(got, fmt.Sprintf("c=%d %s", n, ratio(rc+rs, tc+ts)))
+			met = met && rc+rs <= tc+ts
+		}
+	}
+	if any {
+		gs = append(gs, Goal{"CPU per RPC, client + server, ≤ TCP", strings.Join(got, ", "), met})
+	}
+	return gs
+}
