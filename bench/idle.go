@@ -152,12 +152,19 @@ type childReport struct {
 }
 
 func startChild(name, provider string) (*child, error) {
+	return spawn(idleEnv+"="+name, provider)
+}
+
+// spawn starts this executable as one of the bench's children, env
+// saying which, with the rdmagrpc provider of the run, and reads the
+// address line it prints once it listens.
+func spawn(env, provider string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), idleEnv+"="+name)
+	cmd.Env = append(os.Environ(), env)
 	if provider != "" {
 		cmd.Env = append(cmd.Env, provEnv+"="+provider)
 	}
@@ -177,7 +184,7 @@ func startChild(name, provider string) (*child, error) {
 	line, err := c.out.ReadString('\n')
 	if err != nil {
 		c.stop()
-		return nil, fmt.Errorf("idle server did not start: %w", err)
+		return nil, fmt.Errorf("bench child (%s) did not start: %w", env, err)
 	}
 	c.addr = strings.TrimSpace(line)
 	return c, nil

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -101,45 +100,24 @@ func sink(c net.Conn) {
 	}
 }
 
-// server is a running child.
+// server is a running two-process server child; its first line holds
+// both addresses.
 type server struct {
-	cmd       *exec.Cmd
-	in        io.WriteCloser
-	out       *bufio.Reader
+	*child
 	grpc, raw string
 }
 
 func startServer(name, provider string) (*server, error) {
-	exe, err := os.Executable()
+	c, err := spawn(serveEnv+"="+name, provider)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), serveEnv+"="+name)
-	if provider != "" {
-		cmd.Env = append(cmd.Env, provEnv+"="+provider)
+	f := strings.Fields(c.addr)
+	if len(f) != 2 {
+		c.stop()
+		return nil, fmt.Errorf("%s server said %q, want two addresses", name, c.addr)
 	}
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{cmd: cmd, in: in, out: bufio.NewReader(out)}
-	line, err := s.out.ReadString('\n')
-	f := strings.Fields(line)
-	if err != nil || len(f) != 2 {
-		s.stop()
-		return nil, fmt.Errorf("%s server did not start (%q): %v", name, line, err)
-	}
-	s.grpc, s.raw = f[0], f[1]
-	return s, nil
+	return &server{child: c, grpc: f[0], raw: f[1]}, nil
 }
 
 func (s *server) cpu() (time.Duration, error) {
@@ -152,11 +130,6 @@ func (s *server) cpu() (time.Duration, error) {
 	}
 	ns, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
 	return time.Duration(ns), err
-}
-
-func (s *server) stop() {
-	s.in.Close()
-	s.cmd.Wait()
 }
 
 // Rows of the two-process table (the prefix keeps them apart from the
