@@ -20,8 +20,9 @@ import (
 // socket, and the next registration starts it again.
 type sockPoller struct {
 	mu      sync.Mutex
-	file    *os.File // the epoll instance, pollable
+	file    *os.File // the epoll instance, pollable; never closed
 	rc      syscall.RawConn
+	epfd    int           // file's descriptor
 	qps     map[int32]*qp // by registration id (the epoll event's data)
 	nextID  int32
 	running bool // a loop goroutine runs (or is about to see it must exit)
@@ -49,7 +50,7 @@ func (p *sockPoller) add(q *qp) error {
 			f.Close()
 			return fmt.Errorf("shm: epoll: %w", err)
 		}
-		p.file, p.rc, p.qps = f, rc, map[int32]*qp{}
+		p.file, p.rc, p.epfd, p.qps = f, rc, fd, map[int32]*qp{}
 	}
 	id := p.nextID
 	for id == 0 || p.qps[id] != nil { // ids wrap after 2^31 registrations
@@ -62,7 +63,7 @@ func (p *sockPoller) add(q *qp) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: id}
 	var cerr error
 	err := q.sockRC.Control(func(fd uintptr) {
-		cerr = unix.EpollCtl(p.epfd(), unix.EPOLL_CTL_ADD, int(fd), &ev)
+		cerr = unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
 		q.sockFD = int(fd)
 	})
 	if err == nil {
@@ -81,12 +82,6 @@ func (p *sockPoller) add(q *qp) error {
 	return nil
 }
 
-func (p *sockPoller) epfd() int {
-	fd := -1
-	p.rc.Control(func(f uintptr) { fd = int(f) })
-	return fd
-}
-
 // remove stops watching q's socket; it must run before the socket is
 // closed (a later socket could reuse the descriptor number).
 func (p *sockPoller) remove(q *qp) {
@@ -97,7 +92,7 @@ func (p *sockPoller) remove(q *qp) {
 	}
 	delete(p.qps, q.sockID)
 	q.sockID = 0
-	unix.EpollCtl(p.epfd(), unix.EPOLL_CTL_DEL, q.sockFD, nil)
+	unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, q.sockFD, nil)
 	if len(p.qps) == 0 && p.running {
 		// Wake the goroutine so that it sees it has nothing to serve.
 		p.file.SetReadDeadline(aLongTimeAgo)
