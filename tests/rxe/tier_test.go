@@ -108,6 +108,14 @@ func TestPackagesInGuest(t *testing.T) {
 		pkgs = defaultGuestPkgs
 	}
 	dir := t.TempDir()
+	// CI shows the end of the log: repeat what failed there, after all
+	// the packages' output.
+	var failed []string
+	t.Cleanup(func() {
+		if len(failed) > 0 {
+			t.Logf("what failed in the guests (the whole output is above):\n%s", strings.Join(failed, "\n"))
+		}
+	})
 	for _, pkg := range strings.Fields(pkgs) {
 		t.Run(strings.Trim(pkg, "./"), func(t *testing.T) {
 			bin := buildTestBinary(t, root, pkg, dir)
@@ -132,6 +140,8 @@ func TestPackagesInGuest(t *testing.T) {
 			}
 			t.Logf("%s in one guest: %s", name, countResults(r.Output))
 			if r.ExitCode != 0 {
+				failed = append(failed, name+" in one guest:")
+				failed = append(failed, failureLines(r.Output)...)
 				t.Fatalf("%s failed in the guest (exit %d)", name, r.ExitCode)
 			}
 			if len(listTests(t, bin, pairTests)) == 0 {
@@ -149,10 +159,73 @@ func TestPackagesInGuest(t *testing.T) {
 			t.Logf("%s across two guests, guest a: %s", name, countResults(ra.Output))
 			t.Logf("%s across two guests, guest b: %s", name, countResults(rb.Output))
 			if ra.ExitCode != 0 || rb.ExitCode != 0 {
+				failed = append(failed, name+" across two guests, guest a:")
+				failed = append(failed, failureLines(ra.Output)...)
+				failed = append(failed, name+" across two guests, guest b:")
+				failed = append(failed, failureLines(rb.Output)...)
 				t.Fatalf("%s pair tests failed: exit a=%d b=%d", name, ra.ExitCode, rb.ExitCode)
 			}
 		})
 	}
+}
+
+// failureLines picks out of `go test -v` output what says why it failed:
+// the log lines of each failed test (-v streams them under the test's
+// "=== RUN", "=== CONT" or "=== NAME" line, not under "--- FAIL"), and
+// panics, races and time-outs with the lines after them; at most
+// maxFailureLines.
+func failureLines(out []byte) []string {
+	const maxFailureLines, perTest, perPanic = 80, 20, 12
+	lines := strings.Split(string(out), "\n")
+	logs := map[string][]string{}
+	var failed, panics []string
+	cur := ""
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		trimmed := strings.TrimLeft(line, " \t")
+		f := strings.Fields(trimmed)
+		switch {
+		case len(f) >= 3 && f[0] == "===":
+			cur = f[2]
+		case len(f) >= 3 && f[0] == "---":
+			if f[1] == "FAIL:" {
+				failed = append(failed, f[2])
+			}
+			cur = ""
+		case strings.HasPrefix(trimmed, "panic:"), strings.HasPrefix(trimmed, "WARNING: DATA RACE"):
+			end := min(len(lines), i+perPanic)
+			panics = append(panics, lines[i:end]...)
+			i = end - 1
+		case cur != "" && trimmed != "":
+			logs[cur] = append(logs[cur], line)
+		}
+	}
+	parent := map[string]bool{}
+	for _, n := range failed {
+		for i := strings.IndexByte(n, '/'); i >= 0; i = next(n, i) {
+			parent[n[:i]] = true
+		}
+	}
+	var picked []string
+	for _, n := range failed {
+		if parent[n] && len(logs[n]) == 0 {
+			continue // its failed subtests say why
+		}
+		l := logs[n]
+		if len(l) > perTest {
+			l = l[len(l)-perTest:]
+		}
+		picked = append(picked, "--- FAIL: "+n)
+		picked = append(picked, l...)
+	}
+	picked = append(picked, panics...)
+	if len(picked) > maxFailureLines {
+		picked = picked[:maxFailureLines]
+	}
+	if len(picked) == 0 {
+		picked = []string{"(no FAIL line: the end of the output is above)"}
+	}
+	return picked
 }
 
 // countResults summarises `go test -v` output: leaf tests (those without

@@ -214,3 +214,37 @@ func TestCountResults(t *testing.T) {
 		t.Errorf("countResults = %q, want %q", got, want)
 	}
 }
+
+func TestFailureLines(t *testing.T) {
+	out := []byte(`=== RUN   TestA
+    a_test.go:3: not this one
+--- PASS: TestA (0.00s)
+=== RUN   TestB
+=== RUN   TestB/sub
+    b_test.go:12: want 1, got 2
+=== RUN   TestB/other
+    b_test.go:20: not this one either
+=== NAME  TestB/sub
+    b_test.go:14: more detail
+--- FAIL: TestB (0.01s)
+    --- FAIL: TestB/sub (0.01s)
+    --- PASS: TestB/other (0.00s)
+=== RUN   TestC
+--- PASS: TestC (0.00s)
+panic: boom
+goroutine 1 [running]:
+FAIL
+`)
+	got := strings.Join(failureLines(out), "\n")
+	for _, want := range []string{"--- FAIL: TestB/sub", "b_test.go:12: want 1, got 2", "b_test.go:14: more detail", "panic: boom", "goroutine 1 [running]:"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("failureLines lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "not this one") || strings.Contains(got, "TestC") {
+		t.Errorf("failureLines took lines of passing tests:\n%s", got)
+	}
+	if got := failureLines([]byte("ok\n")); len(got) != 1 || !strings.Contains(got[0], "no FAIL line") {
+		t.Errorf("failureLines of a passing run = %q", got)
+	}
+}
