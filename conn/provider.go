@@ -19,6 +19,9 @@ var (
 	logOnce sync.Once
 )
 
+// openDevice is device; tests replace it to play a broken device.
+var openDevice = device
+
 func device(name string) (transport.Device, error) {
 	devMu.Lock()
 	defer devMu.Unlock()
@@ -38,23 +41,31 @@ func device(name string) (transport.Device, error) {
 }
 
 // pickProvider: the option, else RDMAGRPC_PROVIDER, else verbs when a
-// usable device exists (and transport/verbs was imported), else shm.
+// usable device exists (and transport/verbs was imported), else shm. Only
+// the absence of RDMA selects shm: a device that is here but fails to open
+// (permissions, memlock, a port down) is the caller's error, because shm
+// reaches local processes only and would quietly turn every remote dial
+// into a refusal.
 func pickProvider(o *options) (string, transport.Device, error) {
 	name, why := o.provider, "option"
 	if name == "" {
 		name, why = os.Getenv("RDMAGRPC_PROVIDER"), "RDMAGRPC_PROVIDER"
 	}
 	if name == "" {
-		name, why = "shm", "no usable RDMA device"
+		name, why = "shm", "no RDMA device"
 		if _, err := transport.Get("verbs"); err == nil {
-			if _, err := device("verbs"); err == nil {
+			_, err := openDevice("verbs")
+			switch {
+			case err == nil:
 				name, why = "verbs", "RDMA device found"
-			} else if !errors.Is(err, transport.ErrUnavailable) {
+			case errors.Is(err, transport.ErrUnusable) || !errors.Is(err, transport.ErrUnavailable):
+				return "", nil, fmt.Errorf("%w (set RDMAGRPC_PROVIDER=shm to use shared memory between local processes instead)", err)
+			default:
 				why = err.Error()
 			}
 		}
 	}
-	d, err := device(name)
+	d, err := openDevice(name)
 	if err != nil {
 		return "", nil, err
 	}

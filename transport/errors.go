@@ -6,6 +6,12 @@ var (
 	// ErrUnavailable wraps every error saying a provider cannot work on
 	// this machine (no device, no library, no permission).
 	ErrUnavailable = errors.New("transport: provider unavailable")
+	// ErrUnusable wraps the errors of a provider whose hardware is here
+	// but cannot be used (permissions, a missing kernel module, a port
+	// down, the memlock limit). It is an ErrUnavailable too, but a caller
+	// choosing a provider must report it instead of silently picking
+	// another: the operator meant this device to work.
+	ErrUnusable error = unusable{}
 	// ErrCQOverflow is returned by CQ.Poll once completions were lost
 	// because the queue was full; the QPs using it are in ERROR.
 	ErrCQOverflow = errors.New("transport: completion queue overflow")
@@ -20,3 +26,8 @@ var (
 	// ErrConnRefused is returned by Connect when nothing listens at addr.
 	ErrConnRefused = errors.New("transport: connection refused")
 )
+
+type unusable struct{}
+
+func (unusable) Error() string        { return "transport: device present but unusable" }
+func (unusable) Is(target error) bool { return target == ErrUnavailable }

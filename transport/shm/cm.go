@@ -67,7 +67,7 @@ func resolve(ctx context.Context, hostport string) (netip.Addr, int, error) {
 		return netip.IPv4Unspecified(), port, nil
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		return ip.Unmap().WithZone(""), port, nil
+		return ip.Unmap(), port, nil // an IPv6 zone stays: fe80::1%eth0 is not fe80::1%eth1
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
@@ -90,30 +90,61 @@ func sockName(ip netip.Addr, port int) string {
 	return sockPrefix + net.JoinHostPort(ip.String(), strconv.Itoa(port))
 }
 
-// isLocal reports whether a wildcard listener would accept a TCP
-// connection to ip on this host.
+// isLocal reports whether ip is an address of this host: whether a TCP
+// socket could bind it, asked of the kernel the same way (a bind of a
+// datagram socket to ip, port 0), so shm agrees with TCP about what
+// "this host" is, zones and net.ipv4.ip_nonlocal_bind included, at the
+// cost of three system calls instead of a walk over every interface.
 func isLocal(ip netip.Addr) bool {
 	if ip.IsLoopback() || ip.IsUnspecified() {
 		return true
 	}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return false
-	}
-	for _, a := range addrs {
-		if p, ok := a.(*net.IPNet); ok {
-			if x, ok := netip.AddrFromSlice(p.IP); ok && x.Unmap() == ip {
-				return true
+	return bindable(ip) == nil
+}
+
+func bindable(ip netip.Addr) error {
+	var sa unix.Sockaddr
+	family := unix.AF_INET
+	if ip.Is4() {
+		sa = &unix.SockaddrInet4{Addr: ip.As4()}
+	} else {
+		family = unix.AF_INET6
+		s6 := &unix.SockaddrInet6{Addr: ip.As16()}
+		if z := ip.Zone(); z != "" {
+			if ifi, err := net.InterfaceByName(z); err == nil {
+				s6.ZoneId = uint32(ifi.Index)
+			} else if n, err := strconv.Atoi(z); err == nil && n > 0 {
+				s6.ZoneId = uint32(n)
+			} else {
+				return fmt.Errorf("unknown IPv6 zone %q: %w", z, syscall.EADDRNOTAVAIL)
 			}
 		}
+		sa = s6
 	}
-	return false
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Bind(fd, sa)
+}
+
+// errNotLocal: shm joins processes of this host only, so an address of
+// another host is refused outright, by Listen as TCP refuses to bind it
+// and by Connect instead of reaching whatever local process listens under
+// that name.
+func errNotLocal(op, addr string, ip netip.Addr) error {
+	return fmt.Errorf("shm: %s %s: %v is not an address of this host (shm joins local processes only; RDMA to other hosts needs an RDMA device and the verbs provider): %w",
+		op, addr, ip, syscall.EADDRNOTAVAIL)
 }
 
 func (d *device) Listen(addr string) (transport.Listener, error) {
 	ip, port, err := resolve(context.Background(), addr)
 	if err != nil {
 		return nil, err
+	}
+	if !isLocal(ip) {
+		return nil, errNotLocal("listen on", addr, ip)
 	}
 	var ul *net.UnixListener
 	if port != 0 {
@@ -378,6 +409,9 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if err != nil {
 		return nil, err
 	}
+	if !isLocal(ip) {
+		return nil, errNotLocal("connect to", addr, ip)
+	}
 	c, err := dialShm(ctx, ip, port)
 	if err != nil {
 		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
@@ -459,7 +493,7 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 // on that port when ip is an address of this host.
 func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error) {
 	names := []string{sockName(ip, port)}
-	if !ip.IsUnspecified() && isLocal(ip) {
+	if !ip.IsUnspecified() { // a local address (Connect checked)
 		names = append(names, sockName(netip.IPv4Unspecified(), port))
 	}
 	if ip.IsUnspecified() {

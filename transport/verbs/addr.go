@@ -5,13 +5,16 @@ package verbs
 import "C"
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"syscall"
 )
 
-func toShimAddr(ap netip.AddrPort) C.struct_shim_addr {
+func toShimAddr(ap netip.AddrPort) (C.struct_shim_addr, error) {
 	var a C.struct_shim_addr
 	a.port = C.uint16_t(ap.Port())
 	ip := ap.Addr().Unmap()
@@ -21,14 +24,33 @@ func toShimAddr(ap netip.AddrPort) C.struct_shim_addr {
 		for i := range b {
 			a.ip[i] = C.uint8_t(b[i])
 		}
-	} else {
-		a.family = C.AF_INET6
-		b := ip.As16()
-		for i := range b {
-			a.ip[i] = C.uint8_t(b[i])
-		}
+		return a, nil
 	}
-	return a
+	a.family = C.AF_INET6
+	b := ip.As16()
+	for i := range b {
+		a.ip[i] = C.uint8_t(b[i])
+	}
+	if z := ip.Zone(); z != "" {
+		idx, err := zoneIndex(z)
+		if err != nil {
+			return a, fmt.Errorf("verbs: address %v: %w", ap, err)
+		}
+		a.scope_id = C.uint32_t(idx)
+	}
+	return a, nil
+}
+
+// zoneIndex turns an IPv6 zone (an interface name, or its index as
+// net.ParseIP's callers write it) into the scope id of sockaddr_in6.
+func zoneIndex(zone string) (int, error) {
+	if ifi, err := net.InterfaceByName(zone); err == nil {
+		return ifi.Index, nil
+	}
+	if n, err := strconv.Atoi(zone); err == nil && n > 0 {
+		return n, nil
+	}
+	return 0, fmt.Errorf("unknown IPv6 zone %q: no such interface", zone)
 }
 
 // fromShimAddr returns a *net.TCPAddr: rdma_cm's RDMA_PS_TCP port space
@@ -47,32 +69,58 @@ func fromShimAddr(a *C.struct_shim_addr) net.Addr {
 		for i := range ip {
 			ip[i] = byte(a.ip[i])
 		}
-		return &net.TCPAddr{IP: ip, Port: int(a.port)}
+		ta := &net.TCPAddr{IP: ip, Port: int(a.port)}
+		if a.scope_id != 0 {
+			ta.Zone = strconv.Itoa(int(a.scope_id))
+			if ifi, err := net.InterfaceByIndex(int(a.scope_id)); err == nil {
+				ta.Zone = ifi.Name
+			}
+		}
+		return ta
 	}
 	return &net.TCPAddr{}
 }
 
-// parseListenAddr accepts "host:port" with a literal IP or an empty host
-// (all addresses), like net.Listen("tcp", ...).
-func parseListenAddr(addr string) (netip.AddrPort, error) {
-	host, port, err := net.SplitHostPort(addr)
+// resolveHostPort turns "host:port" into one address, as net.Dial and
+// net.Listen do for "tcp": a literal IP (an IPv6 one keeps its zone, so
+// link-local addresses work), an empty host (all addresses: listeners
+// only), or a name, IPv4 preferred (RoCE deployments and Soft-RoCE are
+// configured with IPv4 GIDs) — the same choice for Listen and Dial, so
+// that both ends of one name agree.
+func resolveHostPort(ctx context.Context, addr string, listen bool) (netip.AddrPort, error) {
+	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("verbs: listen address %q: %w", addr, err)
+		return netip.AddrPort{}, fmt.Errorf("verbs: address %q: %w", addr, err)
 	}
-	p, err := net.LookupPort("tcp", port)
+	port, err := net.DefaultResolver.LookupPort(ctx, "tcp", portStr)
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("verbs: listen address %q: %w", addr, err)
+		return netip.AddrPort{}, fmt.Errorf("verbs: address %q: %w", addr, err)
 	}
 	if host == "" {
-		return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(p)), nil
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		ips, lerr := net.LookupIP(host)
-		if lerr != nil || len(ips) == 0 {
-			return netip.AddrPort{}, fmt.Errorf("verbs: listen address %q: cannot resolve host: %w", addr, syscall.EADDRNOTAVAIL)
+		if !listen {
+			return netip.AddrPort{}, fmt.Errorf("verbs: address %q: no host to connect to", addr)
 		}
-		ip, _ = netip.AddrFromSlice(ips[0])
+		return netip.AddrPortFrom(netip.IPv4Unspecified(), uint16(port)), nil
 	}
-	return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return netip.AddrPortFrom(ip.Unmap(), uint16(port)), nil
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		if err == nil {
+			err = errors.New("no addresses")
+		}
+		if listen {
+			err = fmt.Errorf("%w (%v)", syscall.EADDRNOTAVAIL, err)
+		}
+		return netip.AddrPort{}, fmt.Errorf("verbs: address %q: cannot resolve host: %w", addr, err)
+	}
+	best := ips[0].Unmap()
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			best = ip.Unmap()
+			break
+		}
+	}
+	return netip.AddrPortFrom(best, uint16(port)), nil
 }

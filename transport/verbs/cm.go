@@ -56,7 +56,7 @@ type cmChannel struct {
 func newCMChannel() (*cmChannel, error) {
 	ch, err := C.rdma_create_event_channel()
 	if ch == nil {
-		return nil, unavailable("rdma_create_event_channel: %v (no rdma_cm: is rdma_ucm loaded?)", errnoNow(err))
+		return nil, unusable("rdma_create_event_channel: %v (no rdma_cm: is rdma_ucm loaded?)", errnoNow(err))
 	}
 	p, err := newPollFD(C.shim_cm_channel_fd(ch), "rdma_cm")
 	if err != nil {

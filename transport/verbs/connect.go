@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"syscall"
 	"time"
@@ -31,7 +30,7 @@ func connect(ctx context.Context, d *device, addr string, cfg transport.QPConfig
 	if len(private) > transport.MaxPrivateData {
 		return nil, fmt.Errorf("verbs: %d bytes of private data, limit is %d", len(private), transport.MaxPrivateData)
 	}
-	dst, err := resolveHostPort(ctx, addr)
+	dst, err := resolveHostPort(ctx, addr, false)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +54,10 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 			ms = C.int(max(left/time.Millisecond, 1))
 		}
 	}
-	sa := toShimAddr(dst)
+	sa, err := toShimAddr(dst)
+	if err != nil {
+		return err
+	}
 	if rc := C.shim_resolve_addr(q.id, &sa, ms); rc != 0 {
 		return fmt.Errorf("verbs: connect %s: %w", addr, opErr("rdma_resolve_addr", rc))
 	}
@@ -128,30 +130,3 @@ func (q *qp) expect(ctx context.Context, addr string, want C.int) error {
 	return nil
 }
 
-// resolveHostPort turns "host:port" into one address, preferring IPv4
-// (RoCE deployments and Soft-RoCE are configured with IPv4 GIDs).
-func resolveHostPort(ctx context.Context, addr string) (netip.AddrPort, error) {
-	host, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("verbs: address %q: %w", addr, err)
-	}
-	port, err := net.DefaultResolver.LookupPort(ctx, "tcp", portStr)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("verbs: address %q: %w", addr, err)
-	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		return netip.AddrPortFrom(ip.Unmap(), uint16(port)), nil
-	}
-	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-	if err != nil || len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("verbs: address %q: cannot resolve host: %w", addr, err)
-	}
-	best := ips[0].Unmap()
-	for _, ip := range ips {
-		if ip.Unmap().Is4() {
-			best = ip.Unmap()
-			break
-		}
-	}
-	return netip.AddrPortFrom(best, uint16(port)), nil
-}

@@ -45,7 +45,7 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context) (*device,
 		return nil, fmt.Errorf("verbs: %s: %w", d.name, opErr("ibv_query_port", rc))
 	}
 	if p.state != C.IBV_PORT_ACTIVE {
-		return nil, unavailable("port %d of %s is %s, not ACTIVE (link down, or Soft-RoCE netdev down)",
+		return nil, unusable("port %d of %s is %s, not ACTIVE (link down, or Soft-RoCE netdev down)",
 			port, d.name, C.GoString(C.ibv_port_state_str(uint32(p.state))))
 	}
 	d.attr = transport.DeviceAttr{

@@ -25,6 +25,12 @@ func unavailable(format string, args ...any) error {
 	return fmt.Errorf("verbs: %s: %w", fmt.Sprintf(format, args...), transport.ErrUnavailable)
 }
 
+// unusable builds the error Open returns when a device is here but cannot
+// be used: the caller must not silently pick another provider.
+func unusable(format string, args ...any) error {
+	return fmt.Errorf("verbs: %s: %w", fmt.Sprintf(format, args...), transport.ErrUnusable)
+}
+
 // diagnose checks, before touching libibverbs, that the kernel side of
 // RDMA is present and usable, and names the first missing piece. The
 // libraries themselves are link-time dependencies of this package: a
@@ -42,20 +48,20 @@ func diagnose() error {
 	}
 	uverbs, _ := filepath.Glob(filepath.Join(devRoot, "infiniband", "uverbs*"))
 	if len(uverbs) == 0 {
-		return unavailable("RDMA device %s present but no %s (kernel module ib_uverbs not loaded)",
+		return unusable("RDMA device %s present but no %s (kernel module ib_uverbs not loaded)",
 			devs[0].Name(), filepath.Join(devRoot, "infiniband", "uverbs*"))
 	}
 	slices.Sort(uverbs)
 	if err := unix.Access(uverbs[0], unix.R_OK|unix.W_OK); err != nil {
-		return unavailable("no permission on %s: %v (run as root, or grant the rdma group / a udev rule; "+
+		return unusable("no permission on %s: %v (run as root, or grant the rdma group / a udev rule; "+
 			"containers need the device passed through)", uverbs[0], err)
 	}
 	cm := filepath.Join(devRoot, "infiniband", "rdma_cm")
 	if _, err := os.Stat(cm); err != nil {
-		return unavailable("no rdma_cm: %s missing (kernel module rdma_ucm not loaded)", cm)
+		return unusable("no rdma_cm: %s missing (kernel module rdma_ucm not loaded)", cm)
 	}
 	if err := unix.Access(cm, unix.R_OK|unix.W_OK); err != nil {
-		return unavailable("no permission on %s: %v", cm, err)
+		return unusable("no permission on %s: %v", cm, err)
 	}
 	return nil
 }

@@ -32,7 +32,11 @@ type listener struct {
 }
 
 func newListener(d *device, addr string) (*listener, error) {
-	ap, err := parseListenAddr(addr)
+	ap, err := resolveHostPort(context.Background(), addr, true)
+	if err != nil {
+		return nil, err
+	}
+	sa, err := toShimAddr(ap)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +46,6 @@ func newListener(d *device, addr string) (*listener, error) {
 		return nil, err
 	}
 	l.id, l.handle = id, h
-	sa := toShimAddr(ap)
 	if rc := C.shim_bind_listen(id, &sa, backlog); rc != 0 {
 		d.cm.unregister(h)
 		C.rdma_destroy_id(id)

@@ -28,7 +28,6 @@ package verbs
 import "C"
 
 import (
-	"fmt"
 	"slices"
 	"unsafe"
 
@@ -54,7 +53,7 @@ func (provider) Open(name string) (transport.Device, error) {
 	var n C.int
 	list, err := C.rdma_get_devices(&n)
 	if list == nil {
-		return nil, unavailable("rdma_cm cannot list devices (%v); kernel RDMA devices: %v", errnoNow(err), deviceNames())
+		return nil, unusable("rdma_cm cannot list devices (%v); kernel RDMA devices: %v", errnoNow(err), deviceNames())
 	}
 	ctxs := unsafe.Slice(list, int(n))
 	var names []string
@@ -69,10 +68,10 @@ func (provider) Open(name string) (transport.Device, error) {
 	if ctx == nil {
 		C.rdma_free_devices(list)
 		if len(names) == 0 {
-			return nil, unavailable("libibverbs found no usable device among kernel devices %v "+
+			return nil, unusable("libibverbs found no usable device among kernel devices %v "+
 				"(is the userspace provider driver installed, e.g. librxe-rdmav*.so from ibverbs-providers?)", deviceNames())
 		}
-		return nil, fmt.Errorf("verbs: no RDMA device %q (have %v): %w", name, names, transport.ErrUnavailable)
+		return nil, unusable("no RDMA device %q (have %v)", name, names)
 	}
 	d, err := newDevice(ctx, list)
 	if err != nil {

@@ -240,6 +240,7 @@ static void from_sockaddr(const struct sockaddr *sa, struct shim_addr *out)
 		out->family = AF_INET6;
 		out->port = ntohs(s->sin6_port);
 		memcpy(out->ip, &s->sin6_addr, 16);
+		out->scope_id = s->sin6_scope_id;
 	}
 }
 
@@ -252,6 +253,7 @@ static socklen_t to_sockaddr(const struct shim_addr *a, struct sockaddr_storage 
 		s->sin6_family = AF_INET6;
 		s->sin6_port = htons(a->port);
 		memcpy(&s->sin6_addr, a->ip, 16);
+		s->sin6_scope_id = a->scope_id;
 		return sizeof(*s);
 	}
 	struct sockaddr_in *s = (struct sockaddr_in *)ss;

@@ -109,6 +109,7 @@ struct shim_addr {
 	int32_t family; // AF_INET, AF_INET6 or 0
 	uint16_t port;
 	uint8_t ip[16];
+	uint32_t scope_id; // IPv6: the interface of a link-local address
 };
 void shim_local_addr(struct rdma_cm_id *id, struct shim_addr *out);
 void shim_peer_addr(struct rdma_cm_id *id, struct shim_addr *out);

@@ -77,9 +77,9 @@ func TestDiagnose(t *testing.T) {
 		{"no device", nil, nil, "verbs: no RDMA device (SYS/class/infiniband is empty or missing: no RDMA NIC here and no Soft-RoCE link; " +
 			"try `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <ifname>`): transport: provider unavailable"},
 		{"no uverbs", []string{"rxe0"}, nil,
-			"verbs: RDMA device rxe0 present but no DEV/infiniband/uverbs* (kernel module ib_uverbs not loaded): transport: provider unavailable"},
+			"verbs: RDMA device rxe0 present but no DEV/infiniband/uverbs* (kernel module ib_uverbs not loaded): transport: device present but unusable"},
 		{"no rdma_cm", []string{"rxe0"}, []string{"uverbs0"},
-			"verbs: no rdma_cm: DEV/infiniband/rdma_cm missing (kernel module rdma_ucm not loaded): transport: provider unavailable"},
+			"verbs: no rdma_cm: DEV/infiniband/rdma_cm missing (kernel module rdma_ucm not loaded): transport: device present but unusable"},
 		{"usable", []string{"rxe0"}, []string{"uverbs0", "rdma_cm"}, ""},
 	}
 	for _, tc := range tests {
@@ -99,6 +99,10 @@ func TestDiagnose(t *testing.T) {
 			if !errors.Is(err, transport.ErrUnavailable) {
 				t.Fatalf("%v does not wrap ErrUnavailable", err)
 			}
+			// Only the absence of a device may select another provider.
+			if got, want := errors.Is(err, transport.ErrUnusable), len(tc.sys) > 0; got != want {
+				t.Fatalf("errors.Is(%v, ErrUnusable) = %v, want %v", err, got, want)
+			}
 		})
 	}
 }
@@ -113,7 +117,7 @@ func TestDiagnosePermission(t *testing.T) {
 	}
 	err := diagnose()
 	want := "verbs: no permission on " + filepath.Join(devRoot, "infiniband", "uverbs0") +
-		": permission denied (run as root, or grant the rdma group / a udev rule; containers need the device passed through): transport: provider unavailable"
+		": permission denied (run as root, or grant the rdma group / a udev rule; containers need the device passed through): transport: device present but unusable"
 	if err == nil || err.Error() != want {
 		t.Fatalf("diagnose():\n got %v\nwant %s", err, want)
 	}

@@ -1,0 +1,55 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// A verbs device that is here but cannot be opened is an error the user
+// sees; only the absence of RDMA selects shm.
+func TestProviderChoiceBrokenDevice(t *testing.T) {
+	if _, err := transport.Get("verbs"); err != nil {
+		t.Skipf("verbs not registered: %v", err)
+	}
+	t.Setenv("RDMAGRPC_PROVIDER", "")
+	for _, tc := range []struct {
+		name    string
+		verbs   error
+		wantErr bool
+	}{
+		{"no device", fmt.Errorf("verbs: no RDMA device: %w", transport.ErrUnavailable), false},
+		{"permission denied", fmt.Errorf("verbs: no permission on /dev/infiniband/uverbs0: %w", transport.ErrUnusable), true},
+		{"memlock", errors.New("verbs: ibv_reg_mr: cannot allocate memory"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			real := openDevice
+			t.Cleanup(func() { openDevice = real })
+			openDevice = func(name string) (transport.Device, error) {
+				if name == "verbs" {
+					return nil, tc.verbs
+				}
+				return real(name)
+			}
+			l, err := Listen(context.Background(), "127.0.0.1:0")
+			if !tc.wantErr {
+				if err != nil {
+					t.Fatalf("Listen with %v: %v, want shm", tc.verbs, err)
+				}
+				l.Close()
+				return
+			}
+			if err == nil {
+				l.Close()
+				t.Fatalf("Listen chose another provider although verbs failed with %v", tc.verbs)
+			}
+			if !strings.Contains(err.Error(), tc.verbs.Error()) || !strings.Contains(err.Error(), "RDMAGRPC_PROVIDER=shm") {
+				t.Fatalf("Listen error %q does not carry the device's error and the way out", err)
+			}
+		})
+	}
+}
