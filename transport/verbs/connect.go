@@ -129,4 +129,3 @@ func (q *qp) expect(ctx context.Context, addr string, want C.int) error {
 	}
 	return nil
 }
-
