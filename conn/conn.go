@@ -106,6 +106,7 @@ type Conn struct {
 	sending int // the ring data goes to: small, then large once enlarged
 	recvQ   []entry
 	readOff int
+	spilled int // bytes of recvQ held in spill copies (bounded: spillLocked)
 	// control traffic
 	ctlPending int  // zero-length messages in flight
 	creditOut  bool // a credit message is in flight
@@ -302,7 +303,9 @@ func (c *Conn) readRingLocked(b []byte) int {
 	if c.readOff == int(e.n) {
 		c.recvQ = c.recvQ[1:]
 		c.readOff = 0
-		if e.spill == nil { // a spilled slot went back already
+		if e.spill != nil {
+			c.spilled -= len(e.spill)
+		} else { // a spilled slot went back already
 			r.consume(int(e.slot))
 			c.returnCreditsLocked()
 			if e.ring == small {

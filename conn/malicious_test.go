@@ -166,12 +166,16 @@ func TestMaliciousPeer(t *testing.T) {
 			forge(t, e.puppet, small, encodeImm(kindCredit, small, maxCredits, 0), nil)
 			return nil
 		}, "credits for a ring of 4 slots"},
-		{"data beyond the credits", func(t *testing.T, e *env) func(*testing.T) {
-			for range DefaultSlotCount + 1 { // the victim reads nothing
+		{"data into the credit kept for records", func(t *testing.T, e *env) func(*testing.T) {
+			// The victim reads nothing: the last message takes the
+			// writer's last credit, which only a record may take (and
+			// which lets a spill give back exactly one). A message past
+			// the credits is refused the same way, before it.
+			for range DefaultSlotCount {
 				forge(t, e.puppet, small, encodeImm(kindSmall, small, 0, 8), []byte("12345678"))
 			}
 			return nil
-		}, "beyond the credits of ring 0"},
+		}, "into the last credit of ring 0, kept for control records"},
 		{"oversized data length", func(t *testing.T, e *env) func(*testing.T) {
 			forge(t, e.puppet, small, encodeImm(kindSmall, small, 0, DefaultSlotSize+1), []byte("x"))
 			return nil

@@ -252,6 +252,14 @@ func (c *Conn) receivedLocked(imm uint32) error {
 		if !ok {
 			return fmt.Errorf("%w: data message beyond the credits of ring %d (%d slots)", errProtocol, kind, r.count)
 		}
+		// A writer keeps its last credit for control records (write),
+		// so that a reader waiting at a rendezvous message can always
+		// ask for it: data that leaves the writer no credit, counting
+		// every credit we sent back, broke that rule. Spilling relies on
+		// it (spillLocked).
+		if returned := r.released - uint64(r.freed); r.arrived-returned >= uint64(r.count) {
+			return fmt.Errorf("%w: data message into the last credit of ring %d, kept for control records", errProtocol, kind)
+		}
 		c.recvQ = append(c.recvQ, entry{ring: uint8(kind - kindSmall), slot: int32(slot), n: int32(n)})
 		if kind == kindLarge {
 			c.maybeFreeSmallLocked()

@@ -157,7 +157,14 @@ func (c *Conn) advertLocked(r record) error {
 	if c.eofIn {
 		return fmt.Errorf("%w: rendezvous advert after end of stream", errProtocol)
 	}
-	if len(c.rdv.in) > maxAdverts {
+	// The holder advertises again once the writes of an earlier advert
+	// completed, which may be before we copied that one out: an advert
+	// whose last request landed is over for the holder.
+	outstanding := len(c.rdv.in)
+	if q := c.rdv.req; outstanding > 0 && q.landed && c.rdv.in[0].requested == c.rdv.in[0].size {
+		outstanding--
+	}
+	if outstanding >= maxAdverts {
 		return fmt.Errorf("%w: more than %d rendezvous adverts outstanding", errProtocol, maxAdverts)
 	}
 	c.rdv.in = append(c.rdv.in, inAdvert{seq: r.seq, token: r.rkey, addr: r.addr, size: int(r.size)})
@@ -306,12 +313,18 @@ func (c *Conn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
 // deadlock. So when one of our rings is full (the peer can send nothing
 // into it), we copy the oldest messages queued behind the head into
 // memory of our own until a slot is free, and give it back at once. The
-// peer's writer never takes its last credit, so that one goes to its
-// read request: the peer reads on, and gives us the credit we wait for.
-// A ring that is not full is never spilled, so a peer that writes and
-// does not read meets back-pressure as before; a full ring is spilled by
-// a slot per read request of the peer's, and the peer makes none while
-// we have no credit to advertise with: the copies stay a few slots.
+// peer's writer never takes its last credit (receivedLocked enforces
+// it), so that one goes to its read request: the peer reads on, and
+// gives us the credit we wait for. A ring that is not full is never
+// spilled, so a peer that writes and does not read meets back-pressure as
+// before.
+//
+// The copies are bounded by maxSpillLocked whatever the peer does: a peer
+// that alternates data with records it does not need (torn ones count as
+// not received) could otherwise refill the ring after every spill. At
+// the bound the reader stops spilling and waits, as TCP's receiver does
+// with a full window: memory stays bounded, and a legitimate peer, whose
+// reader a single spill unblocks, never comes near it.
 func (c *Conn) spillLocked() {
 	spilled := false
 	for ring := range c.rx {
@@ -321,8 +334,13 @@ func (c *Conn) spillLocked() {
 			if int(e.ring) != ring || e.spill != nil {
 				continue
 			}
+			if c.spilled+int(e.n) > c.maxSpillLocked() {
+				c.st.SpillRefusals++
+				break
+			}
 			off := int(e.slot) * r.size
 			e.spill = bytes.Clone(r.buf.Bytes()[off : off+int(e.n)])
+			c.spilled += int(e.n)
 			r.consume(int(e.slot))
 			r.urgent = true
 			c.st.SpilledBytes += uint64(e.n)
@@ -333,6 +351,17 @@ func (c *Conn) spillLocked() {
 		c.returnCreditsLocked()
 		c.maybeFreeSmallLocked()
 	}
+}
+
+// maxSpillLocked bounds the bytes held in spill copies at once: what the
+// receive rings hold, so a connection's peer-driven memory is at most
+// twice its rings.
+func (c *Conn) maxSpillLocked() int {
+	n := c.o.slotSize * c.o.slotCount
+	if c.rx[large].buf != nil {
+		n += c.o.largeSize * c.o.largeCount
+	}
+	return n
 }
 
 // releaseRendezvous gives back the memory of transfers cut short.

@@ -36,7 +36,10 @@ type Stats struct {
 	// SpilledBytes: ring messages queued behind a rendezvous message,
 	// copied out so that their slots (and a credit for our read request)
 	// could go back to the peer.
-	SpilledBytes      uint64
+	SpilledBytes uint64
+	// SpillRefusals: spills not made because the copies held reached
+	// their bound (a peer refilling the ring behind a rendezvous message).
+	SpillRefusals     uint64
 	BytesIn, BytesOut uint64
 	MessagesIn        uint64
 	SmallDataIn       uint64 // data messages that landed in the small ring
