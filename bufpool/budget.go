@@ -29,6 +29,11 @@ const DefaultBudget = 1 << 30
 type Budget struct {
 	limit int64
 	used  atomic.Int64
+
+	// pools charging this budget, so that one that needs memory can make
+	// the others give back what they hold unused (reclaim).
+	mu    sync.Mutex
+	pools map[*Pool]struct{}
 }
 
 // NewBudget returns a budget of limit bytes; limit <= 0 means unlimited.
@@ -36,7 +41,7 @@ func NewBudget(limit int64) *Budget {
 	if limit < 0 {
 		limit = 0
 	}
-	return &Budget{limit: limit}
+	return &Budget{limit: limit, pools: map[*Pool]struct{}{}}
 }
 
 var defaultBudget = sync.OnceValue(func() *Budget {
@@ -79,6 +84,47 @@ func (b *Budget) reserve(n int64) error {
 }
 
 func (b *Budget) release(n int64) { b.used.Add(-n) }
+
+func (b *Budget) join(p *Pool) {
+	b.mu.Lock()
+	if b.pools == nil {
+		b.pools = map[*Pool]struct{}{}
+	}
+	b.pools[p] = struct{}{}
+	b.mu.Unlock()
+}
+
+func (b *Budget) leave(p *Pool) {
+	b.mu.Lock()
+	delete(b.pools, p)
+	b.mu.Unlock()
+}
+
+// reclaim makes pools other than p deregister free buffers they cache
+// until need bytes fit, or none is left; it reports whether any was
+// given back. A connection's pool keeps its free buffers for its next
+// transfer; under pressure another connection's, or a new dial's, need
+// comes first: an idle cache must not refuse live traffic.
+func (b *Budget) reclaim(need int64, p *Pool) bool {
+	b.mu.Lock()
+	others := make([]*Pool, 0, len(b.pools))
+	for q := range b.pools {
+		if q != p {
+			others = append(others, q)
+		}
+	}
+	b.mu.Unlock()
+	freed := false
+	for _, q := range others {
+		if b.limit-b.Used() >= need {
+			break
+		}
+		if q.trimFor(need) {
+			freed = true
+		}
+	}
+	return freed
+}
 
 // ParseSize parses a byte count with an optional k, m or g suffix (powers
 // of 1024, case-insensitive, an optional trailing "b" or "ib").

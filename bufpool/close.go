@@ -17,6 +17,7 @@ func (p *Pool) Close() error {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	p.budget.leave(p)
 	// No Get starts a registration once closed is set; wait for those
 	// already running, which see closed and undo themselves.
 	p.pending.Wait()

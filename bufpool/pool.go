@@ -68,6 +68,7 @@ type Stats struct {
 	RegNanos                       uint64 // cumulative time spent in RegMR
 	DoubleReleases                 uint64 // Release/Discard of a buffer already given back: a caller bug
 	BudgetTrims                    uint64 // free buffers deregistered to make room under the budget
+	Reclaims                       uint64 // Gets served after other pools of the budget gave back free buffers
 	ReleaseErrors                  uint64 // deregistration or free failures on Release (see Close's error)
 }
 
@@ -104,7 +105,7 @@ type Pool struct {
 	maxFree  int
 	onReg    func(int, time.Duration, error)
 
-	regs, deregs, reuses, regNanos, doubles, trims, relErrs atomic.Uint64
+	regs, deregs, reuses, regNanos, doubles, trims, relErrs, reclaims atomic.Uint64
 
 	// pending counts registrations running outside mu, so that Close can
 	// wait for them instead of leaking what they register.
@@ -164,6 +165,7 @@ func New(dev transport.Device, pd transport.PD, opts Options) (*Pool, error) {
 	for 1<<p.minShift < p.minSize {
 		p.minShift++
 	}
+	p.budget.join(p)
 	return p, nil
 }
 
@@ -202,6 +204,10 @@ func (p *Pool) Get(owner Owner, size int, access transport.Access) (*Buffer, err
 
 	r, err := p.register(key, csize)
 	if errors.Is(err, ErrBudget) && p.trimFor(int64(csize)) {
+		r, err = p.register(key, csize)
+	}
+	if errors.Is(err, ErrBudget) && p.budget.reclaim(int64(csize), p) {
+		p.reclaims.Add(1)
 		r, err = p.register(key, csize)
 	}
 	if err != nil {
@@ -377,6 +383,7 @@ func (p *Pool) Stats() Stats {
 	s.RegNanos = p.regNanos.Load()
 	s.DoubleReleases = p.doubles.Load()
 	s.BudgetTrims = p.trims.Load()
+	s.Reclaims = p.reclaims.Load()
 	s.ReleaseErrors = p.relErrs.Load()
 	return s
 }

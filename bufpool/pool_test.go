@@ -412,6 +412,57 @@ func TestBudgetSharedByPools(t *testing.T) {
 	}
 }
 
+// TestBudgetReclaimsIdlePools: free buffers cached by one pool are given
+// back when another pool of the budget needs the room; held ones never.
+func TestBudgetReclaimsIdlePools(t *testing.T) {
+	budget := NewBudget(32 << 10)
+	idle, _ := newFakePool(t, Options{Budget: budget})
+	busy, _ := newFakePool(t, Options{Budget: budget})
+	held, err := idle.Get(1, 8192, rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached, err := idle.Get(1, 16384, rw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached.Release() // 16 KiB registered, free, in idle's cache
+	b, err := busy.Get(2, 16384, rw)
+	if err != nil {
+		t.Fatalf("Get while another pool caches the room: %v", err)
+	}
+	if s := idle.Stats(); s.FreeBuffers != 0 || s.BudgetTrims != 1 || s.InUseBytes != 8192 {
+		t.Errorf("idle pool after the reclaim: %+v", s)
+	}
+	if s := busy.Stats(); s.Reclaims != 1 {
+		t.Errorf("busy pool: %d reclaims, want 1", s.Reclaims)
+	}
+	// Nothing free is left anywhere: a held buffer is never taken.
+	if _, err := busy.Get(2, 16384, rw); !errors.Is(err, ErrBudget) {
+		t.Fatalf("Get with only held buffers in the budget: %v, want ErrBudget", err)
+	}
+	if !bytesAre(held, 0) {
+		t.Error("the held buffer changed")
+	}
+	held.Release()
+	b.Release()
+	if err := errors.Join(idle.Close(), busy.Close()); err != nil {
+		t.Fatal(err)
+	}
+	if budget.Used() != 0 {
+		t.Fatalf("budget used %d after both pools closed", budget.Used())
+	}
+}
+
+func bytesAre(b *Buffer, v byte) bool {
+	for _, x := range b.Bytes() {
+		if x != v {
+			return false
+		}
+	}
+	return true
+}
+
 func TestRegistrationFailureLeaksNothing(t *testing.T) {
 	p, d := newFakePool(t, Options{Budget: NewBudget(1 << 20)})
 	d.failReg = fmt.Errorf("fake: %w", errors.ErrUnsupported)

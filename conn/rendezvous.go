@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
@@ -252,6 +254,73 @@ func (c *Conn) readEndLocked(seq int) error {
 	return nil
 }
 
+// minRdvRequest is the smallest read request a reader short of
+// registered memory falls back to.
+const minRdvRequest = 4 << 10
+
+// waitEnded is why a reader stopped waiting for registered memory (its
+// deadline, Close): the connection itself is fine.
+type waitEnded struct{ err error }
+
+func (w waitEnded) Error() string { return "conn: stopped waiting for registered memory: " + w.err.Error() }
+func (w waitEnded) Unwrap() error { return w.err }
+
+// rendezvousDest gets registered memory for a read request of up to k
+// bytes, called with c.rmu held and c.mu not. Under budget pressure it
+// asks for less, halving down to minRdvRequest (a read request may name
+// any part of an advert), and when not even that fits it waits for
+// memory to come back (other connections' transfers end, idle pools give
+// theirs back), as a TCP reader waits for data: a budget shortage slows
+// a stream down, it never breaks it. It returns the buffer and the bytes
+// to ask for.
+func (c *Conn) rendezvousDest(k int) (*bufpool.Buffer, int, error) {
+	const access = transport.AccessLocalWrite | transport.AccessRemoteWrite
+	backoff := time.Millisecond
+	for {
+		for n := k; ; n = max(n/2, minRdvRequest) {
+			dst, err := c.pool.Get(bufpool.Owner(c.id), n, access)
+			if err == nil {
+				if n < k {
+					c.mu.Lock()
+					c.st.RendezvousShortReads++
+					c.mu.Unlock()
+				}
+				return dst, n, nil
+			}
+			if !errors.Is(err, bufpool.ErrBudget) {
+				return nil, n, err
+			}
+			if n <= minRdvRequest {
+				break
+			}
+		}
+		c.mu.Lock()
+		c.st.BudgetWaits++
+		ch := c.changed
+		var err error
+		switch {
+		case c.closed:
+			err = net.ErrClosed
+		case c.err != nil:
+			err = c.err
+		case expired(c.rdl):
+			err = os.ErrDeadlineExceeded
+		}
+		if err != nil {
+			c.mu.Unlock()
+			return nil, k, waitEnded{err}
+		}
+		c.mu.Unlock()
+		t := time.NewTimer(backoff)
+		select {
+		case <-ch: // Close, a deadline change, an error: look again
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, 50*time.Millisecond)
+	}
+}
+
 // readRendezvousLocked serves Read from the rendezvous message at the
 // head of the stream: it asks for the next part when no request is out,
 // waits for it to land, then copies. c.rmu and c.mu are held; done
@@ -265,10 +334,13 @@ func (c *Conn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
 		}
 		k := min(a.size-a.requested, c.o.rdvChunk)
 		c.mu.Unlock()
-		dst, gerr := c.pool.Get(bufpool.Owner(c.id), k, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+		dst, k, gerr := c.rendezvousDest(k)
 		c.mu.Lock()
 		a = &c.rdv.in[0] // the poller may have grown the queue meanwhile
 		if gerr != nil {
+			if w, ok := gerr.(waitEnded); ok {
+				return 0, c.opErr("read", w.err), true
+			}
 			// No way to take the data: the stream cannot go on.
 			c.failLocked(fmt.Errorf("conn: rendezvous destination of %d bytes: %w", k, gerr))
 			return 0, c.opErr("read", c.err), true

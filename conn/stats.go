@@ -37,6 +37,12 @@ type Stats struct {
 	// copied out so that their slots (and a credit for our read request)
 	// could go back to the peer.
 	SpilledBytes uint64
+	// RendezvousShortReads: read requests made smaller than the advert
+	// part they could have asked for, because the registered-memory
+	// budget had no room for the whole; BudgetWaits: times a reader found
+	// no room even for the smallest request and waited for memory.
+	RendezvousShortReads uint64
+	BudgetWaits          uint64
 	// SpillRefusals: spills not made because the copies held reached
 	// their bound (a peer refilling the ring behind a rendezvous message).
 	SpillRefusals     uint64

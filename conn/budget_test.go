@@ -1,0 +1,125 @@
+package conn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// pipe2 connects a dialer with dopts to a listener with lopts.
+func pipe2(t *testing.T, dopts, lopts []Option) (dialed, accepted *Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := Listen(ctx, testAddr(), lopts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ch := make(chan *Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			ch <- nil
+			return
+		}
+		ch <- c.(*Conn)
+	}()
+	d, err := Dial(ctx, l.Addr().String(), dopts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := <-ch
+	if a == nil {
+		d.Close()
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { d.Close(); a.Close() })
+	return d.(*Conn), a
+}
+
+// A 1 MiB write to a reader whose budget has room for 512 KiB of
+// destination failed the reader's Read and the connection. The reader now
+// asks for smaller parts.
+func TestRendezvousReaderShortOfBudget(t *testing.T) {
+	w, r := pipe2(t, nil, []Option{WithBudget(bufpool.NewBudget(512 << 10))})
+	data := random(1 << 20)
+	done := make(chan error, 1)
+	go func() { _, err := w.Write(data); done <- err }()
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(r, got); err != nil {
+		t.Fatalf("read under budget pressure: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("data differs")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s := r.Stats()
+	t.Logf("reader: %d short reads, %d budget waits, %d rendezvous in", s.RendezvousShortReads, s.BudgetWaits, s.RendezvousIn)
+	if s.RendezvousIn == 0 || s.RendezvousShortReads == 0 {
+		t.Errorf("the transfer did not go by smaller read requests: %+v", s)
+	}
+}
+
+// With no room at all the reader waits for memory, honouring its read
+// deadline without harm to the connection, and goes on once memory is
+// given back.
+func TestRendezvousReaderWaitsForBudget(t *testing.T) {
+	budget := bufpool.NewBudget(256<<10 + 8<<10) // the rings (8 KiB), and 256 KiB the test holds
+	w, r := pipe2(t, nil, []Option{WithBudget(budget)})
+	hog, err := r.pool.Get(bufpool.Owner(1<<40), 256<<10, transport.AccessLocalWrite)
+	if err != nil {
+		t.Fatalf("hog the budget: %v", err)
+	}
+	data := random(1 << 20)
+	go w.Write(data)
+	got := make([]byte, len(data))
+	r.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := io.ReadFull(r, got); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read with no memory to take the data: %v, want the deadline", err)
+	}
+	r.SetReadDeadline(time.Time{})
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		hog.Release()
+	}()
+	if _, err := io.ReadFull(r, got); err != nil {
+		t.Fatalf("read once memory came back: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("data differs")
+	}
+	if s := r.Stats(); s.BudgetWaits == 0 {
+		t.Errorf("no budget wait counted: %+v", s)
+	}
+}
+
+// Registered memory cached by an idle connection's pool goes to another
+// connection that needs it: before, the second pair's transfer fell back
+// to the rings while the first pair sat on 2 MiB it no longer used.
+func TestIdlePoolsGiveMemoryBack(t *testing.T) {
+	budget := bufpool.NewBudget(4*8<<10 + 2<<20) // four connections' rings, one transfer's source and destination
+	opts := []Option{WithBudget(budget)}
+	w1, r1 := pipe2(t, opts, opts)
+	transfer(t, w1, r1, random(1<<20), writeAll(w1))
+	if s := w1.pool.Stats(); s.FreeBytes == 0 {
+		t.Fatalf("the first writer's pool caches nothing: %+v", s)
+	}
+	w2, r2 := pipe2(t, opts, opts)
+	transfer(t, w2, r2, random(1<<20), writeAll(w2))
+	ws, rs := w2.Stats(), r2.Stats()
+	t.Logf("second pair: writer %d rendezvous, %d fallbacks; reader %d short reads; budget used %d of %d",
+		ws.Rendezvous, ws.RendezvousFallbacks, rs.RendezvousShortReads, budget.Used(), budget.Limit())
+	if ws.RendezvousFallbacks != 0 || rs.RendezvousShortReads != 0 || ws.Rendezvous == 0 {
+		t.Errorf("the second pair did not get the memory the idle pair cached")
+	}
+}
