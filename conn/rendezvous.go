@@ -262,7 +262,9 @@ const minRdvRequest = 4 << 10
 // deadline, Close): the connection itself is fine.
 type waitEnded struct{ err error }
 
-func (w waitEnded) Error() string { return "conn: stopped waiting for registered memory: " + w.err.Error() }
+func (w waitEnded) Error() string {
+	return "conn: stopped waiting for registered memory: " + w.err.Error()
+}
 func (w waitEnded) Unwrap() error { return w.err }
 
 // rendezvousDest gets registered memory for a read request of up to k
