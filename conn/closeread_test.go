@@ -122,6 +122,9 @@ func TestCloseWhileReaderRegisters(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the reader never registered a rendezvous destination")
 	}
+	// Its completions held, a would deliver in the background until
+	// DefaultLinger ran out: tear down at once instead.
+	a.SetLinger(0)
 	closed := make(chan error, 1)
 	go func() { closed <- a.Close() }()
 	close(closing)

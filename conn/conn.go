@@ -122,6 +122,9 @@ type Conn struct {
 	rdl     time.Time
 	wdl     time.Time
 	st      Stats
+	// SetLinger; lingerSet false: the default (background, DefaultLinger)
+	linger    int
+	lingerSet bool
 	wg      sync.WaitGroup // the enlargement server
 
 	pl pollState // the completion loop (poll.go)
@@ -371,6 +374,9 @@ func (c *Conn) postCtlLocked(kind, ring, credits int) error {
 // (M2, M3): the call blocks until the peer's acknowledgement, a refusal,
 // or the acknowledgement time-out, honouring the write deadline.
 func (c *Conn) Write(b []byte) (int, error) {
+	if c.isClosed() {
+		return 0, c.opErr("write", net.ErrClosed)
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return c.writeElem(b)
@@ -478,6 +484,9 @@ func (c *Conn) write(b []byte) (int, error) {
 // after the enlargement. Elements above the rendezvous threshold go by
 // rendezvous (M5).
 func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
+	if c.isClosed() {
+		return 0, c.opErr("write", net.ErrClosed)
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	var n int64
@@ -489,6 +498,14 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 		}
 	}
 	return n, nil
+}
+
+// isClosed lets calls after Close fail at once instead of queueing behind
+// a teardown that holds c.wmu while it delivers in the background.
+func (c *Conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 func (c *Conn) writeErrLocked() error {
@@ -507,6 +524,9 @@ func (c *Conn) writeErrLocked() error {
 
 // CloseWrite ends our direction: the peer reads io.EOF after the data.
 func (c *Conn) CloseWrite() error {
+	if c.isClosed() {
+		return c.opErr("close", net.ErrClosed)
+	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
@@ -536,18 +556,54 @@ func (c *Conn) sendCloseLocked() {
 	}
 }
 
-// drainTimeout bounds how long Close waits for written data to be
-// acknowledged before it disconnects.
-const drainTimeout = 2 * time.Second
+// DefaultLinger bounds how long a closed connection keeps serving its
+// peer the data written before Close (rendezvous messages the peer has
+// not fetched yet), in the background, as a TCP socket keeps sending
+// after close. SetLinger changes it per connection.
+const DefaultLinger = 30 * time.Second
 
-func (c *Conn) drainedLocked() bool {
-	// A peer that closed reads nothing more: waiting for it is pointless.
-	return c.rdv.peerClosed || c.tx[small].seq == c.tx[small].done && c.tx[large].seq == c.tx[large].done && c.ctlPending == 0 && !c.recordOut &&
-		len(c.rdv.out) == 0
+// lingering counts closed connections still delivering in the background.
+var lingering atomic.Int64
+
+// sentLocked: every message posted has completed (it is in the peer's
+// memory, or the connection failed).
+func (c *Conn) sentLocked() bool {
+	return c.tx[small].seq == c.tx[small].done && c.tx[large].seq == c.tx[large].done && c.ctlPending == 0 && !c.recordOut
 }
 
-// Close sends what was written, tells the peer (which reads io.EOF),
-// disconnects and releases every resource of the connection.
+// drainedLocked: the peer has everything written, rendezvous messages
+// included, or reads no more (a peer that closed: waiting is pointless).
+func (c *Conn) drainedLocked() bool {
+	return c.rdv.peerClosed || c.sentLocked() && len(c.rdv.out) == 0
+}
+
+// closeWait bounds how long Close itself waits for what it posted last
+// (the end of stream) and for writes in flight to complete: microseconds
+// with a live peer. What the peer must still fetch is delivered in the
+// background.
+const closeWait = 100 * time.Millisecond
+
+// SetLinger sets what Close does with data written but not yet delivered,
+// as net.TCPConn's SetLinger: sec < 0 (the default), Close returns at
+// once and the connection delivers it in the background, for at most
+// DefaultLinger; sec == 0, Close discards it and tears down at once;
+// sec > 0, Close blocks until it is delivered or sec seconds passed,
+// then tears down. Data in the peer's rings is delivered in every case:
+// only rendezvous messages, which the peer fetches from us, need us.
+func (c *Conn) SetLinger(sec int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.linger, c.lingerSet = sec, true
+	return nil
+}
+
+// Close ends both directions: the peer reads what was written, then
+// io.EOF. It returns at once (see SetLinger); every resource of the
+// connection is released once the peer has what was written, or the
+// linger ran out.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -558,14 +614,44 @@ func (c *Conn) Close() error {
 	c.broadcastLocked()
 	c.mu.Unlock()
 
-	// Blocked writers have seen closed and left; later ones wait until
-	// the memory they would write into is gone, and see closed first.
+	// Blocked writers have seen closed and left; later ones see closed
+	// once they hold c.wmu, which the teardown keeps until the memory
+	// they would write into is gone.
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	c.mu.Lock()
 	c.sendEOFLocked()
 	c.sendCloseLocked()
-	deadline := time.Now().Add(drainTimeout)
+	linger := DefaultLinger
+	background := true
+	if c.lingerSet && c.linger >= 0 {
+		linger, background = time.Duration(c.linger)*time.Second, false
+	}
+	if background {
+		wait := time.Now().Add(closeWait)
+		for c.err == nil && !c.drainedLocked() && !(c.sentLocked() && len(c.rdv.out) > 0) && time.Now().Before(wait) {
+			c.waitLocked(c.changed, wait)
+		}
+	}
+	drained := c.err != nil || c.drainedLocked()
+	c.mu.Unlock()
+	if background && !drained {
+		lingering.Add(1)
+		go func() {
+			defer lingering.Add(-1)
+			c.teardown(time.Now().Add(linger))
+		}()
+		return nil
+	}
+	c.teardown(time.Now().Add(linger))
+	return nil
+}
+
+// teardown waits until the peer has what was written, or deadline, then
+// disconnects and releases everything; c.wmu is held on entry (by Close,
+// maybe in another goroutine) and released on return.
+func (c *Conn) teardown(deadline time.Time) {
+	defer c.wmu.Unlock()
+	c.mu.Lock()
 	for c.err == nil && !c.drainedLocked() && time.Now().Before(deadline) {
 		c.waitLocked(c.changed, deadline)
 	}
@@ -580,7 +666,6 @@ func (c *Conn) Close() error {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	c.release()
-	return nil
 }
 
 // release frees what newConn, start, the enlargements and the

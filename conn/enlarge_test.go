@@ -274,6 +274,7 @@ func TestFreeSmallOnEnlarge(t *testing.T) {
 // the process is out of file descriptors or memory) returns the error
 // and releases what it had, without touching a nil connection.
 func TestDialSetupFailure(t *testing.T) {
+	waitLingering(t) // earlier tests' connections finish their teardown
 	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()))
 	if err != nil {
 		t.Fatal(err)

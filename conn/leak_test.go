@@ -33,10 +33,24 @@ func wrapShm(name string) *fault.Injector {
 // noLeaks checks, once every connection of the test is closed, that
 // nothing of them is left: no PD, CQ, QP or memory region, no registered
 // byte charged to the budget, no goroutine.
+// waitLingering waits until no closed connection is still delivering
+// in the background (Close, SetLinger).
+func waitLingering(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); lingering.Load() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d closed connections still lingering after 5 s", lingering.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func noLeaks(t *testing.T, budget *bufpool.Budget, goroutines goleak.Option) {
 	t.Helper()
+	// A closed connection may still be delivering in the background
+	// (SetLinger): wait for every teardown.
 	deadline := time.Now().Add(5 * time.Second)
-	for !leaks.Live().Zero() && time.Now().Before(deadline) {
+	for (!leaks.Live().Zero() || budget.Used() != 0 || lingering.Load() != 0) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if l := leaks.Live(); !l.Zero() {
