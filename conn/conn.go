@@ -125,7 +125,7 @@ type Conn struct {
 	// SetLinger; lingerSet false: the default (background, DefaultLinger)
 	linger    int
 	lingerSet bool
-	wg      sync.WaitGroup // the enlargement server
+	wg        sync.WaitGroup // the enlargement server
 
 	pl pollState // the completion loop (poll.go)
 }
