@@ -1,7 +1,9 @@
 package conn
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -38,6 +40,10 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 	}
 	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
 	if err != nil {
+		var rej *transport.RejectError
+		if errors.As(err, &rej) && isBacklogFull(rej.Private) {
+			err = fmt.Errorf("%w: %w", errBacklogFull, err)
+		}
 		c.tel.Fail(err)
 		c.release()
 		return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
@@ -62,15 +68,19 @@ func Dialer(opts ...Option) func(context.Context, string) (net.Conn, error) {
 
 // Listener accepts rdmagrpc connections; it implements net.Listener.
 type Listener struct {
-	l      transport.Listener
-	dev    transport.Device
-	name   string
-	o      *options
-	conns  chan *Conn
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	l    transport.Listener
+	dev  transport.Device
+	name string
+	o    *options
+	// backlog holds a token per connection being set up or set up and
+	// not yet taken by Accept: each holds a queue pair and registered
+	// memory, so a burst of dials must not pin them without bound.
+	backlog chan struct{}
+	conns   chan *Conn
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	once    sync.Once
 }
 
 // Listen listens on addr ("host:port"; port 0 picks one, see Addr).
@@ -84,7 +94,7 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 		return nil, &net.OpError{Op: "listen", Net: "rdma", Err: err}
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l := &Listener{l: tl, dev: dev, name: name, o: o, conns: make(chan *Conn), ctx: lctx, cancel: cancel}
+	l := &Listener{l: tl, dev: dev, name: name, o: o, backlog: make(chan struct{}, o.backlog), conns: make(chan *Conn), ctx: lctx, cancel: cancel}
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
@@ -97,6 +107,14 @@ func (l *Listener) acceptLoop() {
 		if err != nil {
 			return
 		}
+		select {
+		case l.backlog <- struct{}{}:
+		default:
+			// Full: refuse now, so the dialer learns it at once rather
+			// than at its time-out, and nothing is set up for it.
+			req.Reject(backlogFullReason())
+			continue
+		}
 		l.wg.Add(1)
 		go l.handshake(req)
 	}
@@ -106,6 +124,12 @@ func (l *Listener) acceptLoop() {
 // the listener.
 func (l *Listener) handshake(req transport.ConnRequest) {
 	defer l.wg.Done()
+	taken := false // by Accept, with its backlog token
+	defer func() {
+		if !taken {
+			<-l.backlog
+		}
+	}()
 	peer, err := decodeHello(req.PeerPrivate())
 	if err != nil {
 		req.Reject(nil)
@@ -130,6 +154,7 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 	}
 	select {
 	case l.conns <- c:
+		taken = true
 	case <-l.ctx.Done():
 		c.Close()
 	}
@@ -139,6 +164,7 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.conns:
+		<-l.backlog
 		return c, nil
 	case <-l.ctx.Done():
 		return nil, &net.OpError{Op: "accept", Net: "rdma", Addr: l.Addr(), Err: net.ErrClosed}
@@ -160,3 +186,13 @@ func (l *Listener) Close() error {
 }
 
 func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+
+// errBacklogFull is what a dial refused by a full accept backlog wraps.
+var errBacklogFull = errors.New("conn: the listener's accept backlog is full (it accepts more slowly than it is dialed)")
+
+// A refusal for a full backlog carries this reason in its private data.
+var backlogFullMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'b', 'l', 'o', 'g'}
+
+func backlogFullReason() []byte { return backlogFullMagic }
+
+func isBacklogFull(private []byte) bool { return bytes.HasPrefix(private, backlogFullMagic) }

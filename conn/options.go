@@ -2,6 +2,9 @@ package conn
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -30,6 +33,7 @@ type options struct {
 	rdvThreshold int
 	rdvChunk     int
 	pollSpin     time.Duration
+	backlog      int
 	// OpenTelemetry: nil providers mean the otel globals; tel is what
 	// setup resolved them to (nil: no telemetry, for tests).
 	tracerProvider trace.TracerProvider
@@ -70,6 +74,7 @@ func defaults() options {
 		largeSize: DefaultLargeSize, largeCount: DefaultLargeCount,
 		ackTimeout: DefaultAckTimeout, ackRetries: DefaultAckRetries,
 		rdvChunk: DefaultRendezvousChunk, pollSpin: DefaultPollSpin,
+		backlog: defaultBacklog(),
 	}
 }
 
@@ -143,6 +148,27 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(o *options) { o.meterProvider = mp }
 }
 
+// WithBacklog bounds the connections a Listener sets up ahead of Accept
+// (default: the kernel's net.core.somaxconn, as Go's net.Listen uses for
+// TCP, at most 4096). Each holds a queue pair and registered memory until
+// Accept takes it; a dial beyond the bound is refused at once, with an
+// error saying so.
+func WithBacklog(n int) Option { return func(o *options) { o.backlog = n } }
+
+// defaultBacklog reads net.core.somaxconn as Go's net package does.
+func defaultBacklog() int {
+	const fallback, most = 4096, 4096
+	b, err := os.ReadFile("/proc/sys/net/core/somaxconn")
+	if err != nil {
+		return fallback
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n <= 0 {
+		return fallback
+	}
+	return min(n, most)
+}
+
 // WithBudget charges registered memory to b instead of bufpool.Default().
 func WithBudget(b *bufpool.Budget) Option { return func(o *options) { o.budget = b } }
 
@@ -167,6 +193,9 @@ func (o *options) validate() error {
 	}
 	if o.rdvChunk < minSlot || o.rdvChunk > bufpool.DefaultMaxSize {
 		return fmt.Errorf("conn: rendezvous chunk of %d bytes: want %d–%d", o.rdvChunk, minSlot, bufpool.DefaultMaxSize)
+	}
+	if o.backlog < 1 {
+		return fmt.Errorf("conn: accept backlog of %d: want at least 1", o.backlog)
 	}
 	if o.ackTimeout <= 0 || o.ackRetries < 0 {
 		return fmt.Errorf("conn: ack timeout %v with %d retries", o.ackTimeout, o.ackRetries)
