@@ -86,6 +86,7 @@ type txRing struct {
 type Conn struct {
 	id       uint64
 	provider string
+	device   string
 	o        *options
 	qp       transport.QP
 	pd       transport.PD
@@ -141,7 +142,7 @@ type entry struct {
 // once the QP exists. ctx parents the connection span; role is
 // telemetry.Client or telemetry.Server.
 func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
-	c = &Conn{id: connIDs.Add(1), provider: provider, o: o, changed: make(chan struct{})}
+	c = &Conn{id: connIDs.Add(1), provider: provider, device: dev.Name(), o: o, changed: make(chan struct{})}
 	c.tel = o.tel.StartConn(ctx, role, c.id, provider)
 	partial := c // the error returns below set c to nil
 	defer func() {

@@ -34,6 +34,11 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r, ok := dev.(transport.Router); ok {
+		if dev, err = r.DeviceFor(ctx, addr); err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
+		}
+	}
 	c, cfg, err := newConn(ctx, telemetry.Client, name, dev, o)
 	if err != nil {
 		return nil, err
@@ -135,7 +140,11 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 		req.Reject(nil)
 		return
 	}
-	c, cfg, err := newConn(context.Background(), telemetry.Server, l.name, l.dev, l.o)
+	dev := l.dev
+	if rd, ok := req.(transport.RequestDevice); ok {
+		dev = rd.Device()
+	}
+	c, cfg, err := newConn(context.Background(), telemetry.Server, l.name, dev, l.o)
 	if err != nil {
 		req.Reject(nil)
 		return

@@ -8,6 +8,7 @@ import (
 // Stats are a connection's counters, exact at the time of the call.
 type Stats struct {
 	Provider  string
+	Device    string // the provider's device the connection lives on (verbs: the HCA its route goes through)
 	SendPhase string // "small", "large", or why it stayed small
 	RecvPhase string // "small" or "large": what the peer writes into
 	// RegisteredBytes is the registered memory this connection holds
@@ -59,6 +60,7 @@ func (c *Conn) Stats() Stats {
 	defer c.mu.Unlock()
 	s := c.st
 	s.Provider = c.provider
+	s.Device = c.device
 	s.SendPhase = phaseNames[c.enl.phase]
 	s.RecvPhase = "small"
 	if c.rx[large].buf != nil {

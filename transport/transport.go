@@ -265,6 +265,21 @@ type ConnRequest interface {
 	Reject(private []byte) error
 }
 
+// Router is implemented by a Device of a provider that may have several
+// (verbs: one per HCA): DeviceFor names the device a connection to addr
+// goes through, where its PD, CQ and memory must be made before Connect.
+// A provider without it has one device.
+type Router interface {
+	DeviceFor(ctx context.Context, addr string) (Device, error)
+}
+
+// RequestDevice is implemented by a ConnRequest that arrived through a
+// device other than the listener's may: the connection's resources must
+// be made on Device before Accept.
+type RequestDevice interface {
+	Device() Device
+}
+
 // RejectError is returned by Connect when the peer rejected the request.
 type RejectError struct {
 	Addr    string

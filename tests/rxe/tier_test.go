@@ -1,6 +1,7 @@
 package rxe
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -226,6 +227,35 @@ func failureLines(out []byte) []string {
 		picked = []string{"(no FAIL line: the end of the output is above)"}
 	}
 	return picked
+}
+
+// TestTwoDevicesInGuest runs conn's multi-device test in a guest with a
+// second Soft-RoCE device (rxe1 on its own netdev and subnet): a
+// connection through either device has its resources on that device.
+func TestTwoDevicesInGuest(t *testing.T) {
+	img := needGuest(t)
+	root := moduleRoot(t)
+	dir := t.TempDir()
+	bin := buildTestBinary(t, root, "./conn/", dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	script := filepath.Join(root, "tests/rxe/testdata/two-devices.sh")
+	name := filepath.Base(bin)
+	r, err := img.RunOne(ctx, Payload{
+		Files: Files(bin, script),
+		Args:  []string{"sh", GuestBin + "/two-devices.sh", name, "-test.v", "-test.count=1", "-test.run", "^TestMultiDevice$"},
+		Env:   []string{"RXE_DEV2_ADDR=10.98.0.1"},
+	})
+	if err != nil {
+		t.Fatalf("%v\noutput:\n%s", err, r.Output)
+	}
+	t.Logf("two devices: exit %d, boot %v, run %v; %s", r.ExitCode, r.Boot.Round(time.Millisecond), r.Run.Round(time.Millisecond), countResults(r.Output))
+	if r.ExitCode != 0 || !bytes.Contains(r.Output, []byte("--- PASS: TestMultiDevice")) {
+		t.Fatalf("TestMultiDevice did not pass in the two-device guest (exit %d):\n%s\n%s", r.ExitCode, r.Output, strings.Join(failureLines(r.Output), "\n"))
+	}
+	if testing.Verbose() {
+		t.Logf("output:\n%s", r.Output)
+	}
 }
 
 // countResults summarises `go test -v` output: leaf tests (those without

@@ -48,12 +48,7 @@ func connect(ctx context.Context, d *device, addr string, cfg transport.QPConfig
 }
 
 func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, cfg transport.QPConfig, private []byte) error {
-	ms := C.int(resolveTimeout / time.Millisecond)
-	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl); left < resolveTimeout {
-			ms = C.int(max(left/time.Millisecond, 1))
-		}
-	}
+	ms := timeoutMS(ctx)
 	sa, err := toShimAddr(dst)
 	if err != nil {
 		return err
@@ -112,6 +107,18 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 	}
 	q.established()
 	return nil
+}
+
+// timeoutMS is the resolution time-out rdma_cm takes: ctx's deadline, at
+// most resolveTimeout.
+func timeoutMS(ctx context.Context) C.int {
+	ms := C.int(resolveTimeout / time.Millisecond)
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < resolveTimeout {
+			ms = C.int(max(left/time.Millisecond, 1))
+		}
+	}
+	return ms
 }
 
 // expect waits for one set-up event and turns any other into an error.

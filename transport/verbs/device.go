@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
+	"unsafe"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -30,12 +32,19 @@ type device struct {
 	async *asyncReader
 	mem   memRegistry
 
+	// Several devices: ndev is how many rdma_cm listed at Open; the
+	// others are opened when a route goes through them (sibling) and
+	// closed with this one, their parent.
+	ndev     int
+	parent   *device
+	siblings map[string]*device
+
 	mu     sync.Mutex
 	closed bool
 }
 
-func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context) (*device, error) {
-	d := &device{name: C.GoString(C.shim_dev_name(ctx)), list: list, ctx: ctx}
+func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int) (*device, error) {
+	d := &device{name: C.GoString(C.shim_dev_name(ctx)), list: list, ctx: ctx, ndev: ndev}
 	var a C.struct_shim_dev_attr
 	if rc := C.shim_query_device(ctx, &a); rc != 0 {
 		return nil, fmt.Errorf("verbs: %s: %w", d.name, opErr("ibv_query_device", rc))
@@ -116,6 +125,75 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	return connect(ctx, d, addr, cfg, private)
 }
 
+// DeviceFor implements transport.Router: the device rdma_cm's address
+// resolution picks for addr, where a connection's PD, CQ and memory must
+// be, since its QP can only be created on the device its route goes
+// through. With one device there is nothing to resolve.
+func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, error) {
+	if d.ndev <= 1 {
+		return d, nil
+	}
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	dst, err := resolveHostPort(ctx, addr, false)
+	if err != nil {
+		return nil, err
+	}
+	sa, err := toShimAddr(dst)
+	if err != nil {
+		return nil, err
+	}
+	var e C.int
+	v := C.shim_route_verbs(&sa, timeoutMS(ctx), &e)
+	if v == nil {
+		return nil, fmt.Errorf("verbs: connect %s: rdma_resolve_addr: %w", addr, syscall.Errno(e))
+	}
+	return d.sibling(v)
+}
+
+// sibling returns the open device for verbs context v: d itself, or one
+// of its siblings, opened on first use.
+func (d *device) sibling(v *C.struct_ibv_context) (*device, error) {
+	if v == d.ctx {
+		return d, nil
+	}
+	if d.parent != nil {
+		return d.parent.sibling(v)
+	}
+	name := C.GoString(C.shim_dev_name(v))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("verbs: device %s: %w", d.name, net.ErrClosed)
+	}
+	if s := d.siblings[name]; s != nil {
+		return s, nil
+	}
+	var n C.int
+	list, err := C.rdma_get_devices(&n)
+	if list == nil {
+		return nil, fmt.Errorf("verbs: open device %s: rdma_get_devices: %w", name, errnoNow(err))
+	}
+	for _, c := range unsafe.Slice(list, int(n)) {
+		if c == v {
+			s, err := newDevice(c, list, int(n))
+			if err != nil {
+				C.rdma_free_devices(list)
+				return nil, fmt.Errorf("verbs: open device %s, which the route goes through: %w", name, err)
+			}
+			s.parent = d
+			if d.siblings == nil {
+				d.siblings = map[string]*device{}
+			}
+			d.siblings[name] = s
+			return s, nil
+		}
+	}
+	C.rdma_free_devices(list)
+	return nil, fmt.Errorf("verbs: the route goes through RDMA device %s, which rdma_cm does not list", name)
+}
+
 // Close closes every listener and QP still open on the device, stops its
 // event goroutine and releases the verbs context. PDs, MRs, CQs and
 // memory should be closed first; any left are reported, not leaked
@@ -127,9 +205,16 @@ func (d *device) Close() error {
 		return nil
 	}
 	d.closed = true
+	siblings := d.siblings
+	d.siblings = nil
 	d.mu.Unlock()
 
 	var errs []error
+	for _, s := range siblings {
+		if err := s.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, c := range d.cm.endpoints() {
 		if err := c.Close(); err != nil {
 			errs = append(errs, err)

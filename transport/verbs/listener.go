@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -51,12 +52,6 @@ func newListener(d *device, addr string) (*listener, error) {
 		C.rdma_destroy_id(id)
 		return nil, fmt.Errorf("verbs: listen %s: %w", addr, opErr("rdma_bind_addr/rdma_listen", rc))
 	}
-	if v := C.shim_id_verbs(id); v != nil && v != d.ctx {
-		d.cm.unregister(h)
-		C.rdma_destroy_id(id)
-		return nil, fmt.Errorf("verbs: listen %s: address belongs to RDMA device %s, not %s",
-			addr, C.GoString(C.shim_dev_name(v)), d.name)
-	}
 	var a C.struct_shim_addr
 	C.shim_local_addr(id, &a)
 	l.addr = fromShimAddr(&a)
@@ -71,10 +66,25 @@ func (l *listener) onEvent(cmEvent) {}
 
 // request runs on the dispatcher goroutine for each CONNECT_REQUEST.
 func (l *listener) request(ev cmEvent) {
-	q := newQPEndpoint(l.dev)
+	// A wildcard listener (or one on another device's address) hears
+	// requests that arrive through any device: the connection lives on
+	// that one, its events on that device's channel.
+	dev, err := l.dev.sibling(C.shim_id_verbs(ev.id))
+	if err == nil && dev != l.dev {
+		if rc, merr := C.rdma_migrate_id(ev.id, dev.cm.ch); rc != 0 {
+			err = fmt.Errorf("rdma_migrate_id: %w", errnoNow(merr))
+		}
+	}
+	if err != nil {
+		log.Printf("verbs: refusing a connection request on %s: %v", l.addr, err)
+		C.rdma_reject(ev.id, nil, 0)
+		C.rdma_destroy_id(ev.id)
+		return
+	}
+	q := newQPEndpoint(dev)
 	q.id = ev.id
 	q.handle = newHandle()
-	l.dev.cm.register(q.handle, q)
+	dev.cm.register(q.handle, q)
 	C.shim_set_id_handle(ev.id, C.uint64_t(q.handle))
 	var a C.struct_shim_addr
 	C.shim_peer_addr(ev.id, &a)
@@ -138,6 +148,10 @@ type connReq struct {
 }
 
 func (r *connReq) PeerPrivate() []byte  { return r.private }
+
+// Device implements transport.RequestDevice: the device the request came
+// through, where the connection's resources must be.
+func (r *connReq) Device() transport.Device { return r.q.dev }
 func (r *connReq) RemoteAddr() net.Addr { return r.remote }
 
 var errReqUsed = errors.New("verbs: connection request already accepted or rejected")

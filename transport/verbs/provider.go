@@ -73,7 +73,7 @@ func (provider) Open(name string) (transport.Device, error) {
 		}
 		return nil, unusable("no RDMA device %q (have %v)", name, names)
 	}
-	d, err := newDevice(ctx, list)
+	d, err := newDevice(ctx, list, len(ctxs))
 	if err != nil {
 		C.rdma_free_devices(list)
 		return nil, err

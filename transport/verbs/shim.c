@@ -296,6 +296,26 @@ int shim_resolve_addr(struct rdma_cm_id *id, const struct shim_addr *dst, int ti
 	return 0;
 }
 
+struct ibv_context *shim_route_verbs(const struct shim_addr *dst, int timeout_ms, int *err)
+{
+	struct rdma_cm_id *id;
+	struct sockaddr_storage ss;
+	struct ibv_context *v = NULL;
+
+	*err = 0;
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+		*err = errno ? errno : EIO;
+		return NULL;
+	}
+	to_sockaddr(dst, &ss);
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms))
+		*err = errno ? errno : EIO;
+	else if (!(v = id->verbs))
+		*err = ENODEV;
+	rdma_destroy_id(id);
+	return v;
+}
+
 struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
 			      const struct shim_qp_cfg *cfg, struct shim_qp_cfg *actual)
 {

@@ -115,6 +115,9 @@ void shim_local_addr(struct rdma_cm_id *id, struct shim_addr *out);
 void shim_peer_addr(struct rdma_cm_id *id, struct shim_addr *out);
 int shim_bind_listen(struct rdma_cm_id *id, const struct shim_addr *a, int backlog);
 int shim_resolve_addr(struct rdma_cm_id *id, const struct shim_addr *dst, int timeout_ms);
+// The verbs context rdma_cm's address resolution picks for dst (NULL and
+// *err set on failure): a synchronous throwaway id, no event channel.
+struct ibv_context *shim_route_verbs(const struct shim_addr *dst, int timeout_ms, int *err);
 
 // QP attributes chosen by the caller; the rest comes from rdma_init_qp_attr.
 struct shim_qp_cfg {
