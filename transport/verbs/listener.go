@@ -147,12 +147,12 @@ type connReq struct {
 	used    atomic.Bool
 }
 
-func (r *connReq) PeerPrivate() []byte  { return r.private }
+func (r *connReq) PeerPrivate() []byte { return r.private }
 
 // Device implements transport.RequestDevice: the device the request came
 // through, where the connection's resources must be.
 func (r *connReq) Device() transport.Device { return r.q.dev }
-func (r *connReq) RemoteAddr() net.Addr { return r.remote }
+func (r *connReq) RemoteAddr() net.Addr     { return r.remote }
 
 var errReqUsed = errors.New("verbs: connection request already accepted or rejected")
 
