@@ -30,9 +30,6 @@ func wrapShm(name string) *fault.Injector {
 	return inj
 }
 
-// noLeaks checks, once every connection of the test is closed, that
-// nothing of them is left: no PD, CQ, QP or memory region, no registered
-// byte charged to the budget, no goroutine.
 // waitLingering waits until no closed connection is still delivering
 // in the background (Close, SetLinger).
 func waitLingering(t *testing.T) {
@@ -45,6 +42,9 @@ func waitLingering(t *testing.T) {
 	}
 }
 
+// noLeaks checks, once every connection of the test is closed, that
+// nothing of them is left: no PD, CQ, QP or memory region, no registered
+// byte charged to the budget, no goroutine.
 func noLeaks(t *testing.T, budget *bufpool.Budget, goroutines goleak.Option) {
 	t.Helper()
 	// A closed connection may still be delivering in the background

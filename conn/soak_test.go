@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -38,6 +39,7 @@ type soakFigures struct {
 	enlargements, rendezvous, fallbacks   atomic.Int64
 	closes, readDeadlines, writeDeadlines atomic.Int64
 	corrupt                               atomic.Int64
+	lingered, tight, shortReads           atomic.Int64
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -73,6 +75,10 @@ const (
 	soakReadDeadline
 	soakWriteDeadline
 	soakClose
+	// soakCloseAfterWrite: one direction only; its writer closes as soon
+	// as its last Write returns, and the reader must still get every
+	// message, then io.EOF (Close delivers in the background).
+	soakCloseAfterWrite
 )
 
 // soakWrite sends n messages on c; deadlines (soakWriteDeadline) may
@@ -155,6 +161,22 @@ func soakRead(c *Conn, rng *rand.Rand, n, mode int, f *soakFigures) error {
 // itself (a hang, corruption), not the expected failures of its mode.
 func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budget) error {
 	rng := rand.New(rand.NewPCG(seed, 1))
+	mode := []int{soakClean, soakClean, soakClean, soakClean, soakReadDeadline, soakReadDeadline, soakWriteDeadline, soakClose, soakCloseAfterWrite}[rng.IntN(9)]
+	// A sixth of the sessions run under a budget of their own that has
+	// room for their rings and 1 MiB: enlargements are refused,
+	// rendezvous sources fall back to the rings, readers ask for less or
+	// wait. Every message must still arrive whole.
+	if rng.IntN(6) == 0 {
+		f.tight.Add(1)
+		budget = bufpool.NewBudget(4*8<<10 + 1<<20)
+		defer func() {
+			// Both sides closed: everything comes back, background
+			// teardowns included.
+			for end := time.Now().Add(10 * time.Second); budget.Used() != 0 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
 	opts := []Option{WithProvider(soakInj.Name()), WithBudget(budget)}
 	if rng.IntN(2) == 0 {
 		opts = append(opts, WithFreeSmallOnEnlarge())
@@ -165,8 +187,10 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 	}
 	f.conns.Add(1)
 	a, b := ca.(*Conn), cb.(*Conn)
-	mode := []int{soakClean, soakClean, soakClean, soakClean, soakReadDeadline, soakReadDeadline, soakWriteDeadline, soakClose}[rng.IntN(8)]
 	n := 4 + rng.IntN(16)
+	if mode == soakCloseAfterWrite {
+		return soakLinger(a, b, rng, n, f, seed)
+	}
 	type result struct {
 		what string
 		err  error
@@ -211,7 +235,7 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 				b.Close()
 			}
 		case <-watchdog:
-			state := fmt.Sprintf("dialer: %s\naccepted: %s", a.debugState(), b.debugState())
+			state := fmt.Sprintf("dialer %p: %s\naccepted %p: %s", a, a.debugState(), b, b.debugState())
 			if p := os.Getenv("RDMAGRPC_SOAK_DUMP"); p != "" {
 				if fd, err := os.Create(fmt.Sprintf("%s.%x", p, seed)); err == nil {
 					pprof.Lookup("goroutine").WriteTo(fd, 2)
@@ -223,16 +247,62 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 			return fmt.Errorf("session %#x (mode %d, %d messages each way): still running after 30 s\n%s", seed, mode, n, state)
 		}
 	}
-	for _, c := range []*Conn{a, b} {
-		s := c.Stats()
-		f.enlargements.Add(int64(s.Enlargements))
-		f.rendezvous.Add(int64(s.Rendezvous))
-		f.fallbacks.Add(int64(s.RendezvousFallbacks))
-	}
+	soakCount(f, a, b)
 	a.Close()
 	b.Close()
 	f.sessions.Add(1)
 	return soakErr
+}
+
+func soakCount(f *soakFigures, cs ...*Conn) {
+	for _, c := range cs {
+		s := c.Stats()
+		f.enlargements.Add(int64(s.Enlargements))
+		f.rendezvous.Add(int64(s.Rendezvous))
+		f.fallbacks.Add(int64(s.RendezvousFallbacks))
+		f.shortReads.Add(int64(s.RendezvousShortReads))
+	}
+}
+
+// soakLinger: a writes n messages and closes at once; b, reading, gets
+// them all, then io.EOF.
+func soakLinger(a, b *Conn, rng *rand.Rand, n int, f *soakFigures, seed uint64) error {
+	ws, rs := rng.Uint64(), rng.Uint64()
+	done := make(chan error, 1)
+	go func() {
+		err := soakRead(b, rand.New(rand.NewPCG(rs, 3)), n, soakClean, f)
+		if err == nil {
+			if k, eof := b.Read(make([]byte, 1)); k != 0 || eof != io.EOF {
+				err = fmt.Errorf("after the last message: %d bytes, %v; want io.EOF", k, eof)
+			}
+		}
+		done <- err
+	}()
+	var err error
+	if err = soakWrite(a, rand.New(rand.NewPCG(ws, 2)), n, soakClean, f); err == nil {
+		soakCount(f, a)
+		a.Close()
+		f.lingered.Add(1)
+	}
+	select {
+	case rerr := <-done:
+		if err == nil {
+			err = rerr
+		}
+	case <-time.After(30 * time.Second):
+		err = fmt.Errorf("still reading after 30 s\nwriter: %s\nreader: %s", a.debugState(), b.debugState())
+	}
+	soakCount(f, b)
+	a.Close()
+	b.Close()
+	f.sessions.Add(1)
+	if err != nil {
+		if errors.Is(err, errCorrupt) {
+			f.corrupt.Add(1)
+		}
+		return fmt.Errorf("session %#x (close after write, %d messages): %w", seed, n, err)
+	}
+	return nil
 }
 
 func TestSoak(t *testing.T) {
@@ -288,9 +358,9 @@ func TestSoak(t *testing.T) {
 		leaked++
 		t.Errorf("goroutines left: %v", err)
 	}
-	t.Logf("soak: %v, seed base %#x: conns=%d sessions=%d messages=%d bytes=%d enlargements=%d rendezvous=%d fallbacks=%d closes=%d read-deadline-hits=%d write-deadline-hits=%d corruption=%d leaks=%d failures=%d",
+	t.Logf("soak: %v, seed base %#x: conns=%d sessions=%d messages=%d bytes=%d enlargements=%d rendezvous=%d fallbacks=%d short-reads=%d tight-budget-sessions=%d closes=%d closes-after-write=%d read-deadline-hits=%d write-deadline-hits=%d corruption=%d leaks=%d failures=%d",
 		elapsed.Round(time.Millisecond), base, f.conns.Load(), f.sessions.Load(), f.msgs.Load(), f.bytes.Load(), f.enlargements.Load(), f.rendezvous.Load(), f.fallbacks.Load(),
-		f.closes.Load(), f.readDeadlines.Load(), f.writeDeadlines.Load(), f.corrupt.Load(), leaked, len(failures))
+		f.shortReads.Load(), f.tight.Load(), f.closes.Load(), f.lingered.Load(), f.readDeadlines.Load(), f.writeDeadlines.Load(), f.corrupt.Load(), leaked, len(failures))
 	for i, err := range failures {
 		if i == 20 {
 			t.Errorf("... and %d more", len(failures)-20)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -17,6 +18,10 @@ type cq struct {
 	inner  transport.CQ
 	buf    []transport.WorkCompletion
 	closed once
+	// closedQPs counts roles (send, receive) of closed QPs on this queue
+	// not yet reaped: an empty Poll reaps only when it is not zero, so
+	// that pollers spinning on empty queues do not take the device lock.
+	closedQPs atomic.Int32
 
 	mu    sync.Mutex // never held while waiting
 	queue []queued
@@ -35,7 +40,9 @@ func newCQ(d *device, inner transport.CQ) *cq {
 func (c *cq) Cap() int { return c.inner.Cap() }
 func (c *cq) Close() error {
 	c.closed.do(func() { c.dev.inj.live.cqs.Add(-1) })
-	return c.inner.Close()
+	err := c.inner.Close()
+	c.dev.reap(c) // nothing is translated through c any more
+	return err
 }
 
 func (c *cq) ReqNotify() error {

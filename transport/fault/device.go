@@ -115,8 +115,8 @@ func (d *device) lookup(num uint32) *qp {
 // a QP is destroyed and its CQs were polled empty, no completion of it
 // remains to be translated.
 func (d *device) reap(c *cq) {
-	if d.closed.Load() == 0 {
-		return // the common case: an idle queue polled empty
+	if c.closedQPs.Load() == 0 {
+		return // the common case: no closed QP left on this queue
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -124,11 +124,11 @@ func (d *device) reap(c *cq) {
 		if !q.closed.Load() {
 			continue
 		}
-		if q.scq == c {
-			q.sendDrained.Store(true)
+		if q.scq == c && !q.sendDrained.Swap(true) {
+			c.closedQPs.Add(-1)
 		}
-		if q.rcq == c {
-			q.recvDrained.Store(true)
+		if q.rcq == c && !q.recvDrained.Swap(true) {
+			c.closedQPs.Add(-1)
 		}
 		if q.sendDrained.Load() && q.recvDrained.Load() {
 			delete(d.qps, n)

@@ -76,6 +76,8 @@ func (q *qp) Disconnect() error             { return q.inner.Disconnect() }
 func (q *qp) Close() error {
 	err := q.inner.Close()
 	if !q.closed.Swap(true) {
+		q.scq.closedQPs.Add(1)
+		q.rcq.closedQPs.Add(1)
 		q.dev.closed.Add(1)
 		q.dev.inj.live.qps.Add(-1)
 	}
