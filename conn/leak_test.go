@@ -70,6 +70,10 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 		rule  func(writerQP uint32) *fault.Rule
 		write int    // bytes written after the rule is armed
 		want  string // in the error of the writer or the reader; "" = delivered
+		// closeAfterWrite: the writer closes as soon as Write returned;
+		// the reader still gets everything (Close delivers in the
+		// background).
+		closeAfterWrite bool
 	}
 	var cells []cell
 	for _, ph := range []struct {
@@ -77,6 +81,7 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 		n    int
 	}{{"small", 200}, {"large", 100 << 10}, {"rendezvous", 2 << 20}} {
 		cells = append(cells, cell{name: ph.name + "/clean", write: ph.n})
+		cells = append(cells, cell{name: ph.name + "/close-after-write", write: ph.n, closeAfterWrite: true})
 		cells = append(cells, cell{name: ph.name + "/qp-error", write: ph.n, want: "lost",
 			rule: func(qp uint32) *fault.Rule {
 				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActQPError, Nth: 2,
@@ -123,6 +128,9 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 				readErr <- err
 			}()
 			_, werr := a.Write(data)
+			if tc.closeAfterWrite {
+				a.Close()
+			}
 			var rerr error
 			if tc.want == "" {
 				rerr = <-readErr
