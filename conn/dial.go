@@ -10,6 +10,7 @@ import (
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 // setup applies the options and opens the chosen provider's device.
@@ -46,8 +47,14 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
 	if err != nil {
 		var rej *transport.RejectError
-		if errors.As(err, &rej) && isBacklogFull(rej.Private) {
-			err = fmt.Errorf("%w: %w", errBacklogFull, err)
+		if errors.As(err, &rej) {
+			switch {
+			case isBacklogFull(rej.Private):
+				err = fmt.Errorf("%w: %w", errBacklogFull, err)
+			case bytes.HasPrefix(rej.Private, shm.PeerRefusedMagic):
+				why := bytes.TrimRight(rej.Private[len(shm.PeerRefusedMagic):], "\x00")
+				err = fmt.Errorf("%w (%s): %w", ErrPeerRefused, why, err)
+			}
 		}
 		c.tel.Fail(err)
 		c.release()
@@ -97,6 +104,14 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 	tl, err := dev.Listen(addr)
 	if err != nil {
 		return nil, &net.OpError{Op: "listen", Net: "rdma", Err: err}
+	}
+	if o.peerCheck != nil {
+		pc, ok := tl.(transport.PeerChecker)
+		if !ok {
+			tl.Close()
+			return nil, &net.OpError{Op: "listen", Net: "rdma", Err: fmt.Errorf("conn: WithPeerCheck: the %s provider's peers are not processes of this host; the kernel cannot say who they are", name)}
+		}
+		pc.SetPeerCheck(o.peerCheck)
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l := &Listener{l: tl, dev: dev, name: name, o: o, backlog: make(chan struct{}, o.backlog), conns: make(chan *Conn), ctx: lctx, cancel: cancel}
@@ -195,6 +210,11 @@ func (l *Listener) Close() error {
 }
 
 func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+
+// ErrPeerRefused is what a dial refused by the listener's peer check
+// wraps (shm: by default a listener admits only its own user's processes;
+// see WithPeerCheck).
+var ErrPeerRefused = errors.New("conn: the listener refused this process")
 
 // errBacklogFull is what a dial refused by a full accept backlog wraps.
 var errBacklogFull = errors.New("conn: the listener's accept backlog is full (it accepts more slowly than it is dialed)")

@@ -34,6 +34,7 @@ type options struct {
 	rdvChunk     int
 	pollSpin     time.Duration
 	backlog      int
+	peerCheck    func(pid, uid, gid int) error
 	// OpenTelemetry: nil providers mean the otel globals; tel is what
 	// setup resolved them to (nil: no telemetry, for tests).
 	tracerProvider trace.TracerProvider
@@ -167,6 +168,18 @@ func defaultBacklog() int {
 		return fallback
 	}
 	return min(n, most)
+}
+
+// WithPeerCheck decides which local processes a Listener admits, from
+// their credentials as the kernel gives them (SO_PEERCRED): an error
+// refuses the dial, which fails with ErrPeerRefused and the error's text,
+// and nothing of the listener's is handed to it. Without it a shm
+// listener admits only processes of its own user, as a 0600 socket file
+// would: the abstract unix socket it listens on has no permissions of its
+// own, and any user of the network namespace could dial it. Listen fails
+// with this option on a provider whose peers are remote (verbs).
+func WithPeerCheck(check func(pid, uid, gid int) error) Option {
+	return func(o *options) { o.peerCheck = check }
 }
 
 // WithBudget charges registered memory to b instead of bufpool.Default().

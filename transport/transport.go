@@ -280,6 +280,15 @@ type RequestDevice interface {
 	Device() Device
 }
 
+// PeerChecker is implemented by a Listener whose peers are processes of
+// this host, identified by the kernel (shm: SO_PEERCRED). check runs on
+// every request before anything is handed to the peer; an error refuses
+// the request. The default, before SetPeerCheck, admits only peers of
+// the listener's own user, as a 0600 socket file would.
+type PeerChecker interface {
+	SetPeerCheck(check func(pid, uid, gid int) error)
+}
+
 // RejectError is returned by Connect when the peer rejected the request.
 type RejectError struct {
 	Addr    string

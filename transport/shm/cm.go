@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -191,8 +192,9 @@ type listener struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup
 
-	mu      sync.Mutex
-	pending map[*net.UnixConn]bool // connections still in handshake
+	mu        sync.Mutex
+	pending   map[*net.UnixConn]bool // connections still in handshake
+	peerCheck func(pid, uid, gid int) error
 }
 
 func (l *listener) Addr() net.Addr { return l.addr }
@@ -250,6 +252,17 @@ func (l *listener) handshake(c *net.UnixConn) {
 		c.Close()
 		return
 	}
+	if err := l.checkPeer(c); err != nil {
+		// Refused before anything of ours is handed over: the reject
+		// carries the reason, no descriptor.
+		closeFDs(fds)
+		l.mu.Lock()
+		delete(l.pending, c)
+		l.mu.Unlock()
+		handedOver = true
+		(&connReq{l: l, conn: c}).Reject(peerRefusal(err))
+		return
+	}
 	// From here the socket may become a live QP's: Close must no longer
 	// touch its deadline, so it leaves the pending set first.
 	l.mu.Lock()
@@ -289,6 +302,56 @@ func (l *listener) Close() error {
 		l.wg.Wait()
 	})
 	return nil
+}
+
+// SetPeerCheck implements transport.PeerChecker.
+func (l *listener) SetPeerCheck(check func(pid, uid, gid int) error) {
+	l.mu.Lock()
+	l.peerCheck = check
+	l.mu.Unlock()
+}
+
+// checkPeer asks the kernel who is at the other end of c and applies the
+// listener's check; without one, only this process's user is admitted.
+func (l *listener) checkPeer(c *net.UnixConn) error {
+	cred, err := peerCred(c)
+	if err != nil {
+		return fmt.Errorf("cannot tell who the peer is: %w", err)
+	}
+	l.mu.Lock()
+	check := l.peerCheck
+	l.mu.Unlock()
+	if check == nil {
+		if uid := os.Geteuid(); int(cred.Uid) != uid {
+			return fmt.Errorf("uid %d is not the listener's (%d)", cred.Uid, uid)
+		}
+		return nil
+	}
+	return check(int(cred.Pid), int(cred.Uid), int(cred.Gid))
+}
+
+// PeerRefusedMagic starts the private data of a reject for a peer the
+// listener's check refused; the reason follows, cut to what fits.
+var PeerRefusedMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'p', 'e', 'e', 'r', ':'}
+
+func peerRefusal(err error) []byte {
+	b := append(slices.Clone(PeerRefusedMagic), err.Error()...)
+	return b[:min(len(b), maxPrivate)]
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
 }
 
 // connReq is a connect request waiting for Accept or Reject.
@@ -517,13 +580,6 @@ func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error
 // sameProcess reports whether the other end of c is this process, by the
 // kernel's word (SO_PEERCRED), not the peer's.
 func sameProcess(c *net.UnixConn) bool {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return false
-	}
-	var cred *unix.Ucred
-	rc.Control(func(fd uintptr) {
-		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
+	cred, err := peerCred(c)
 	return err == nil && cred != nil && int(cred.Pid) == os.Getpid()
 }
