@@ -1,48 +1,124 @@
 package bpf
 
 import (
+	"debug/elf"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
 	"testing"
 )
 
-// The enlargement marker of a real rdmagrpc binary (conn over shm): each
+// Builds of testdata/connenlarge the way services ship: stripped
+// (-ldflags='-s -w': no ELF symbol table, the probes are found through
+// .gopclntab), with -trimpath, and as PIE.
+var connBuilds = []struct {
+	name  string
+	flags []string
+}{
+	{"default", nil},
+	{"stripped", []string{"-ldflags=-s -w"}},
+	{"pie-trimpath", []string{"-buildmode=pie", "-trimpath"}},
+	{"pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-s -w"}},
+}
+
+var connBuilt sync.Map // name → path, built once per run
+
+func buildConn(t *testing.T, name string, flags []string) string {
+	t.Helper()
+	if p, ok := connBuilt.Load(name); ok {
+		return p.(string)
+	}
+	bin := filepath.Join(helpers(t), "connenlarge-"+name)
+	args := append(append([]string{"build", "-o", bin}, flags...), "./testdata/connenlarge")
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		t.Fatalf("build testdata/connenlarge %v: %v\n%s", flags, err, out)
+	}
+	connBuilt.Store(name, bin)
+	return bin
+}
+
+// Stripped builds resolve to the very entries and RETs their unstripped
+// twins resolve to through the symbol table.
+func TestLocateGoFuncStripped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds four binaries")
+	}
+	locs := map[string]map[string]goFunc{}
+	for _, b := range connBuilds {
+		bin := buildConn(t, b.name, b.flags)
+		f, err := elf.Open(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stripped := f.Section(".symtab") == nil
+		if want := strings.Contains(strings.Join(b.flags, " "), "-s"); stripped != want {
+			t.Errorf("%s: symbol table present = %v", b.name, !stripped)
+		}
+		locs[b.name] = map[string]goFunc{}
+		for _, fn := range KnownGoFuncs {
+			loc, err := locateGoFunc(f, fn.Symbol)
+			if err != nil {
+				t.Fatalf("%s: %v", b.name, err)
+			}
+			locs[b.name][fn.Symbol] = loc
+		}
+		f.Close()
+	}
+	for _, pair := range [][2]string{{"default", "stripped"}, {"pie-trimpath", "pie-trimpath-stripped"}} {
+		if !reflect.DeepEqual(locs[pair[0]], locs[pair[1]]) {
+			t.Errorf("%s and %s differ:\n%v\n%v", pair[0], pair[1], locs[pair[0]], locs[pair[1]])
+		}
+	}
+}
+
+// The enlargement marker of a real rdmagrpc binary (conn over shm), as
+// built by default and as shipped (stripped PIE with -trimpath): each
 // connection pair enlarges once, seen as two events, the writer's
 // (outcome 1, enlarged) and the reader's (outcome 5, served), with the
 // slot sizes of conn's defaults.
 func TestConnEnlargementMarker(t *testing.T) {
 	requireRoot(t)
-	dir := helpers(t)
-	bin := filepath.Join(dir, "connenlarge")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/connenlarge").CombinedOutput(); err != nil {
-		t.Fatalf("build testdata/connenlarge: %v\n%s", err, out)
-	}
-	const n = 6
-	tg := startTarget(t, bin, "-n", "6")
-	tr, err := Open(Options{PID: tg.cmd.Process.Pid})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	defer tr.Close()
-	got, err := tr.AttachGoFuncs(bin, KnownGoFuncs)
-	if err != nil {
-		t.Fatalf("AttachGoFuncs: %v", err)
-	}
-	if len(got) != 3 {
-		t.Fatalf("attached %v, want shm regMR, deregMR and conn.enlargementMarker", got)
-	}
-	tg.run(t)
-	outcomes := map[uint32]int{}
-	for _, ev := range drain(t, tr) {
-		if ev.Kind != KindEnlargement {
-			continue
-		}
-		outcomes[ev.Outcome]++
-		if ev.FromSize != 1024 || ev.ToSize != 32<<10 || ev.ConnID == 0 {
-			t.Errorf("enlargement event %+v: want 1024 → 32768 on a connection", ev)
-		}
-	}
-	if outcomes[1] != n || outcomes[5] != n || len(outcomes) != 2 {
-		t.Fatalf("enlargement outcomes %v, want %d enlarged (1) and %d served (5)", outcomes, n, n)
+	for _, b := range []int{0, len(connBuilds) - 1} {
+		b := connBuilds[b]
+		t.Run(b.name, func(t *testing.T) {
+			bin := buildConn(t, b.name, b.flags)
+			const n = 6
+			tg := startTarget(t, bin, "-n", "6")
+			tr, err := Open(Options{PID: tg.cmd.Process.Pid})
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer tr.Close()
+			got, err := tr.AttachGoFuncs(bin, KnownGoFuncs)
+			if err != nil {
+				t.Fatalf("AttachGoFuncs: %v", err)
+			}
+			if len(got) != 3 {
+				t.Fatalf("attached %v, want shm regMR, deregMR and conn.enlargementMarker", got)
+			}
+			tg.run(t)
+			outcomes := map[uint32]int{}
+			regs := 0
+			for _, ev := range drain(t, tr) {
+				if ev.Kind == KindRegister {
+					regs++
+				}
+				if ev.Kind != KindEnlargement {
+					continue
+				}
+				outcomes[ev.Outcome]++
+				if ev.FromSize != 1024 || ev.ToSize != 32<<10 || ev.ConnID == 0 {
+					t.Errorf("enlargement event %+v: want 1024 → 32768 on a connection", ev)
+				}
+			}
+			if outcomes[1] != n || outcomes[5] != n || len(outcomes) != 2 {
+				t.Fatalf("enlargement outcomes %v, want %d enlarged (1) and %d served (5)", outcomes, n, n)
+			}
+			if regs == 0 {
+				t.Errorf("no shm registration seen")
+			}
+		})
 	}
 }

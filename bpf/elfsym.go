@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"debug/elf"
+	"debug/gosym"
 	"errors"
 	"fmt"
 
@@ -67,49 +68,110 @@ type goFunc struct {
 	rets  []uint64
 }
 
-// locateGoFunc finds a Go function in the static symbol table of a Go
-// binary and disassembles it to find its RET instructions.
+// goSyms finds Go functions in a binary: in its ELF symbol table, or,
+// when that is stripped (-ldflags=-s), in .gopclntab, the function table
+// every Go binary keeps for the runtime's own stack traces.
+type goSyms struct {
+	f     *elf.File
+	syms  []elf.Symbol // nil: stripped
+	table *gosym.Table // built on first use when stripped
+	err   error
+}
+
+func newGoSyms(f *elf.File) *goSyms {
+	g := &goSyms{f: f}
+	if syms, err := f.Symbols(); err == nil {
+		g.syms = syms
+	}
+	return g
+}
+
+// find returns the address and size of a Go function.
+func (g *goSyms) find(symbol string) (addr, size uint64, err error) {
+	if g.syms != nil {
+		for _, s := range g.syms {
+			if s.Name == symbol && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+				return s.Value, s.Size, nil
+			}
+		}
+		return 0, 0, fmt.Errorf("%s: %w", symbol, ErrNoSymbol)
+	}
+	if g.table == nil && g.err == nil {
+		g.table, g.err = pclnTable(g.f)
+	}
+	if g.err != nil {
+		return 0, 0, fmt.Errorf("%s: %w: no symbol table, and %v", symbol, ErrNoSymbol, g.err)
+	}
+	fn := g.table.LookupFunc(symbol)
+	if fn == nil {
+		return 0, 0, fmt.Errorf("%s: %w (not in .gopclntab)", symbol, ErrNoSymbol)
+	}
+	return fn.Entry, fn.End - fn.Entry, nil
+}
+
+// pclnTable reads the function table of a Go binary from .gopclntab.
+func pclnTable(f *elf.File) (*gosym.Table, error) {
+	pcln := f.Section(".gopclntab")
+	text := f.Section(".text")
+	if pcln == nil || text == nil {
+		return nil, errors.New("no .gopclntab section (not a Go binary?)")
+	}
+	data, err := pcln.Data()
+	if err != nil {
+		return nil, fmt.Errorf("read .gopclntab: %w", err)
+	}
+	t, err := gosym.NewTable(nil, gosym.NewLineTable(data, text.Addr))
+	if err != nil {
+		return nil, fmt.Errorf("parse .gopclntab: %w", err)
+	}
+	return t, nil
+}
+
+// locateGoFunc finds a Go function of a Go binary (symbol table, else
+// .gopclntab) and disassembles it to find its RET instructions.
 func locateGoFunc(f *elf.File, symbol string) (goFunc, error) {
+	return newGoSyms(f).locate(symbol)
+}
+
+func (g *goSyms) locate(symbol string) (goFunc, error) {
+	f := g.f
 	if f.Machine != elf.EM_X86_64 {
 		return goFunc{}, fmt.Errorf("machine %v: only x86-64 Go binaries are supported", f.Machine)
 	}
-	syms, err := f.Symbols()
+	addr, size, err := g.find(symbol)
 	if err != nil {
-		return goFunc{}, fmt.Errorf("read symbol table (stripped binary?): %w", err)
+		return goFunc{}, err
 	}
-	for _, s := range syms {
-		if s.Name != symbol || elf.ST_TYPE(s.Info) != elf.STT_FUNC {
-			continue
+	var sec *elf.Section
+	for _, s := range f.Sections {
+		if s.Type == elf.SHT_PROGBITS && s.Flags&elf.SHF_EXECINSTR != 0 && s.Addr <= addr && addr < s.Addr+s.Size {
+			sec = s
+			break
 		}
-		if int(s.Section) <= 0 || int(s.Section) >= len(f.Sections) {
-			return goFunc{}, fmt.Errorf("%s: symbol in no section", symbol)
-		}
-		sec := f.Sections[s.Section]
-		if s.Size == 0 || s.Value < sec.Addr || s.Value+s.Size > sec.Addr+sec.Size {
-			return goFunc{}, fmt.Errorf("%s: bad extent %#x+%d", symbol, s.Value, s.Size)
-		}
-		code := make([]byte, s.Size)
-		if _, err := sec.ReadAt(code, int64(s.Value-sec.Addr)); err != nil {
-			return goFunc{}, fmt.Errorf("%s: read code: %w", symbol, err)
-		}
-		rets, err := retOffsets(code)
-		if err != nil {
-			return goFunc{}, fmt.Errorf("%s: %w", symbol, err)
-		}
-		if len(rets) == 0 {
-			return goFunc{}, fmt.Errorf("%s: no RET instruction (function never returns?)", symbol)
-		}
-		entry, err := fileOffset(f, s.Value)
-		if err != nil {
-			return goFunc{}, fmt.Errorf("%s: %w", symbol, err)
-		}
-		g := goFunc{entry: entry}
-		for _, r := range rets {
-			g.rets = append(g.rets, entry+r)
-		}
-		return g, nil
 	}
-	return goFunc{}, fmt.Errorf("%s: %w", symbol, ErrNoSymbol)
+	if sec == nil || size == 0 || addr+size > sec.Addr+sec.Size {
+		return goFunc{}, fmt.Errorf("%s: bad extent %#x+%d", symbol, addr, size)
+	}
+	code := make([]byte, size)
+	if _, err := sec.ReadAt(code, int64(addr-sec.Addr)); err != nil {
+		return goFunc{}, fmt.Errorf("%s: read code: %w", symbol, err)
+	}
+	rets, err := retOffsets(code)
+	if err != nil {
+		return goFunc{}, fmt.Errorf("%s: %w", symbol, err)
+	}
+	if len(rets) == 0 {
+		return goFunc{}, fmt.Errorf("%s: no RET instruction (function never returns?)", symbol)
+	}
+	entry, err := fileOffset(f, addr)
+	if err != nil {
+		return goFunc{}, fmt.Errorf("%s: %w", symbol, err)
+	}
+	loc := goFunc{entry: entry}
+	for _, r := range rets {
+		loc.rets = append(loc.rets, entry+r)
+	}
+	return loc, nil
 }
 
 // retOffsets decodes x86-64 code linearly and returns the offsets of its

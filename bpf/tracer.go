@@ -136,15 +136,15 @@ func (t *Tracer) AttachLibibverbs(path string) error {
 }
 
 // AttachGoFunc probes one Go function of the binary at path: an entry
-// uprobe and one uprobe per RET instruction. The binary must keep its
-// symbol table (not built with -ldflags=-s).
+// uprobe and one uprobe per RET instruction. A stripped binary
+// (-ldflags=-s) is found through .gopclntab.
 func (t *Tracer) AttachGoFunc(path string, fn GoFunc) error {
 	f, err := elf.Open(path)
 	if err != nil {
 		return fmt.Errorf("bpf: open %s: %w", path, err)
 	}
 	defer f.Close()
-	return t.attachGo(f, path, fn)
+	return t.attachGo(newGoSyms(f), path, fn)
 }
 
 // AttachGoFuncs probes every function of fns that the binary at path
@@ -156,12 +156,10 @@ func (t *Tracer) AttachGoFuncs(path string, fns []GoFunc) ([]string, error) {
 		return nil, fmt.Errorf("bpf: open %s: %w", path, err)
 	}
 	defer f.Close()
-	if f.Section(".symtab") == nil {
-		return nil, fmt.Errorf("bpf: %s has no symbol table (stripped, e.g. -ldflags=-s): its functions cannot be found: %w", path, ErrNoSymbol)
-	}
+	syms := newGoSyms(f)
 	var done []string
 	for _, fn := range fns {
-		err := t.attachGo(f, path, fn)
+		err := t.attachGo(syms, path, fn)
 		if errors.Is(err, ErrNoSymbol) {
 			continue
 		}
@@ -176,8 +174,8 @@ func (t *Tracer) AttachGoFuncs(path string, fns []GoFunc) ([]string, error) {
 	return done, nil
 }
 
-func (t *Tracer) attachGo(f *elf.File, path string, fn GoFunc) error {
-	loc, err := locateGoFunc(f, fn.Symbol)
+func (t *Tracer) attachGo(syms *goSyms, path string, fn GoFunc) error {
+	loc, err := syms.locate(fn.Symbol)
 	if err != nil {
 		return fmt.Errorf("bpf: %s: %w", path, err)
 	}

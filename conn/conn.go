@@ -118,11 +118,14 @@ type Conn struct {
 	wclosed bool
 	eofIn   bool
 	closed  bool
-	aborted bool // the QP was put in error and disconnected
-	err     error
-	rdl     time.Time
-	wdl     time.Time
-	st      Stats
+	// closedFast mirrors closed for the calls that must fail at once
+	// after Close without taking c.mu (isClosed).
+	closedFast atomic.Bool
+	aborted    bool // the QP was put in error and disconnected
+	err        error
+	rdl        time.Time
+	wdl        time.Time
+	st         Stats
 	// SetLinger; lingerSet false: the default (background, DefaultLinger)
 	linger    int
 	lingerSet bool
@@ -503,11 +506,7 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 
 // isClosed lets calls after Close fail at once instead of queueing behind
 // a teardown that holds c.wmu while it delivers in the background.
-func (c *Conn) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *Conn) isClosed() bool { return c.closedFast.Load() }
 
 func (c *Conn) writeErrLocked() error {
 	switch {
@@ -612,6 +611,7 @@ func (c *Conn) Close() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	c.closed = true
+	c.closedFast.Store(true)
 	c.broadcastLocked()
 	c.mu.Unlock()
 
