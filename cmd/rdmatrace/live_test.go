@@ -260,3 +260,83 @@ func TestHelp(t *testing.T) {
 		}
 	}
 }
+
+// Started first, with neither --pid nor --binary, rdmatrace finds the
+// rdmagrpc processes that start after it, a stripped one (-ldflags='-s
+// -w') among them, and counts each exactly.
+func TestDiscoversNewProcesses(t *testing.T) {
+	requireRoot(t)
+	rdmatrace, goreg := build(t)
+	stripped := filepath.Join(filepath.Dir(goreg), "goreg-stripped")
+	if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", stripped, "../../bpf/testdata/goreg").CombinedOutput(); err != nil {
+		t.Fatalf("build stripped goreg: %v\n%s", err, out)
+	}
+	cmd := exec.Command(rdmatrace, "--json", "--duration", "6s", "--go-package", "main", "--no-verbs")
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		for sc := bufio.NewScanner(stderr); sc.Scan(); {
+			lines <- sc.Text()
+		}
+	}()
+	var log strings.Builder
+	wait := func(what func(string) bool) {
+		t.Helper()
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					cmd.Wait()
+					t.Fatalf("rdmatrace ended:\n%s", log.String())
+				}
+				log.WriteString(l + "\n")
+				if what(l) {
+					return
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("rdmatrace said nothing expected:\n%s", log.String())
+			}
+		}
+	}
+	wait(func(l string) bool { return strings.HasPrefix(l, "rdmatrace: attached") })
+	// Both start after rdmatrace: it must find them by itself.
+	g1 := startGoreg(t, goreg, "-g", "2", "-n", "30", "-enlarge", "1")
+	g2 := startGoreg(t, stripped, "-g", "3", "-n", "20", "-fail", "2", "-enlarge", "2")
+	for _, g := range []*goregProc{g1, g2} {
+		pid := fmt.Sprintf("(pid %d)", g.cmd.Process.Pid)
+		wait(func(l string) bool { return strings.Contains(l, "attached") && strings.HasSuffix(l, pid) })
+	}
+	g1.round(t)
+	g2.round(t)
+	for range lines {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("rdmatrace: %v\n%s", err, log.String())
+	}
+	sums := map[uint32]jsonSummary{}
+	for line := range strings.Lines(stdout.String()) {
+		var s jsonSummary
+		if json.Unmarshal([]byte(line), &s) == nil && s.Type == "summary" {
+			sums[s.PID] = s
+		}
+	}
+	for _, c := range []struct {
+		g                         *goregProc
+		regs, fails, enlargements uint64
+	}{{g1, 60, 0, 2}, {g2, 60, 6, 6}} {
+		s := sums[uint32(c.g.cmd.Process.Pid)]
+		if s.Regs != c.regs || s.RegFails != c.fails || s.Deregs != c.regs || s.Enlargements != c.enlargements {
+			t.Errorf("pid %d: %+v; want %d regs, %d failures, %d deregs, %d enlargements", c.g.cmd.Process.Pid, s, c.regs, c.fails, c.regs, c.enlargements)
+		}
+	}
+	t.Logf("rdmatrace's messages:\n%s", log.String())
+}

@@ -34,9 +34,13 @@ What is traced:
                     else the one the dynamic linker uses); --lib overrides.
   Go binaries       rdmagrpc's shm provider registrations and connection
                     enlargements. Give the program file with --binary, or
-                    --pid (its executable is used), or neither: then running
-                    processes are scanned for rdmagrpc binaries at start.
-                    Binaries must keep their symbol table (no -ldflags=-s).
+                    --pid (its executable is used), or neither: then every
+                    process is watched, those running now and those started
+                    later (/proc is scanned every 250 ms; each executable is
+                    probed once, so a new file's first 250 ms may be missed).
+                    Stripped binaries (-ldflags=-s -w), -trimpath and PIE
+                    builds work (.gopclntab); so do programs in containers
+                    when rdmatrace sees the host's PID namespace.
 
 Usage:
   sudo rdmatrace [flags]

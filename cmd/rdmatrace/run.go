@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -32,24 +30,39 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	defer tr.Close()
-	notes := attach(tr, cfg)
-	if len(tr.Attached()) == 0 {
+	notes, w := attach(tr, cfg)
+	if len(tr.Attached()) == 0 && w == nil {
 		return fmt.Errorf("nothing to trace:\n  %s", strings.Join(notes, "\n  "))
+	}
+	if w != nil {
+		// Processes started from now on are found by the watcher.
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		defer func() { cancel(); <-done }()
+		if cfg.jsonOut {
+			w.notify = func(msg string) { fmt.Fprintln(os.Stderr, "rdmatrace:", msg) }
+		}
+		go func() { defer close(done); w.run(wctx) }()
 	}
 	if cfg.jsonOut {
 		for _, n := range notes {
 			fmt.Fprintln(os.Stderr, "rdmatrace:", n)
 		}
+		if w != nil {
+			fmt.Fprintln(os.Stderr, "rdmatrace:", w.status())
+		}
 		// Scripts wait for this line before starting the work to trace.
 		fmt.Fprintf(os.Stderr, "rdmatrace: attached %s\n", strings.Join(tr.Attached(), " "))
 		return runJSON(ctx, tr, cfg)
 	}
-	return runView(ctx, tr, cfg, notes)
+	return runView(ctx, tr, cfg, notes, w)
 }
 
 // attach probes libibverbs and the Go binaries the configuration names,
-// and returns notes on what it could not probe.
-func attach(tr *bpf.Tracer, cfg config) []string {
+// and returns notes on what it could not probe. With no binary and no pid
+// named it returns a watcher that has probed the running rdmagrpc
+// processes and finds later ones (see watcher).
+func attach(tr *bpf.Tracer, cfg config) ([]string, *watcher) {
 	var notes []string
 	if !cfg.noVerbs {
 		lib := cfg.lib
@@ -66,32 +79,25 @@ func attach(tr *bpf.Tracer, cfg config) []string {
 	}
 	fns := goFuncs(cfg.goPackage)
 	bins := slices.Clone(cfg.binaries)
-	scanned := false
 	if len(bins) == 0 && cfg.pid > 0 {
 		bins = append(bins, fmt.Sprintf("/proc/%d/exe", cfg.pid))
-	} else if len(bins) == 0 && !cfg.noScan {
-		bins, scanned = goBinaries(), true
 	}
-	found := 0
+	if len(bins) == 0 {
+		if cfg.noScan {
+			return append(notes, "Go binaries not scanned (--no-scan): shm registrations and enlargements are not traced"), nil
+		}
+		w := newWatcher(tr, fns)
+		if w.scan() == 0 {
+			notes = append(notes, "no rdmagrpc process running yet: watching for new ones")
+		}
+		return notes, w
+	}
 	for _, b := range bins {
-		_, err := tr.AttachGoFuncs(b, fns)
-		switch {
-		case err == nil:
-			found++
-		case scanned && errors.Is(err, bpf.ErrNoSymbol):
-			// A Go program that does not use rdmagrpc.
-		default:
+		if _, err := tr.AttachGoFuncs(b, fns); err != nil {
 			notes = append(notes, err.Error())
 		}
 	}
-	switch {
-	case found > 0 || len(cfg.binaries) > 0:
-	case cfg.noScan && cfg.pid == 0:
-		notes = append(notes, "Go binaries not scanned (--no-scan): shm registrations and enlargements are not traced")
-	default:
-		notes = append(notes, "no rdmagrpc Go binary found: shm registrations and enlargements are not traced (use --binary or --pid)")
-	}
-	return notes
+	return notes, nil
 }
 
 // goFuncs are the rdmagrpc probe points, moved under pkg when given.
@@ -107,34 +113,6 @@ func goFuncs(pkg string) []bpf.GoFunc {
 	return fns
 }
 
-// goBinaries lists the distinct executables of running processes that are
-// Go programs. A uprobe on a file fires in every process running it, now
-// or later, so each file is probed once.
-func goBinaries() []string {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	seen := map[string]bool{}
-	var out []string
-	self, _ := os.Executable()
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		exe := filepath.Join("/proc", e.Name(), "exe")
-		target, err := os.Readlink(exe)
-		if err != nil || seen[target] || target == self {
-			continue
-		}
-		seen[target] = true
-		if isGo(exe) {
-			out = append(out, exe)
-		}
-	}
-	return out
-}
-
 func isGo(path string) bool {
 	f, err := elf.Open(path)
 	if err != nil {
@@ -144,7 +122,7 @@ func isGo(path string) bool {
 	return f.Section(".go.buildinfo") != nil || f.Section(".gopclntab") != nil
 }
 
-func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string) error {
+func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string, w *watcher) error {
 	events, errc, stop := pump(tr)
 	defer stop()
 	scope := "all processes"
@@ -157,6 +135,7 @@ func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string) er
 		errc:     errc,
 		tr:       tr,
 		probes:   describeProbes(tr.Attached(), notes),
+		watch:    w,
 		scope:    scope,
 		interval: cfg.interval,
 		started:  time.Now(),

@@ -26,6 +26,7 @@ type model struct {
 	errc     <-chan error
 	tr       *bpf.Tracer
 	probes   string
+	watch    *watcher // nil: --binary or --pid
 	scope    string
 	interval time.Duration
 	started  time.Time
@@ -167,6 +168,9 @@ func (m *model) View() string {
 	fmt.Fprintf(&b, "%s  %s  up %s  events %d  lost %d\n",
 		titleStyle.Render("rdmatrace — memory registration, live"), m.scope, up, m.st.events, m.lastStats.Lost)
 	fmt.Fprintf(&b, "%s\n", dimStyle.Render("probes: "+m.probes))
+	if m.watch != nil {
+		fmt.Fprintf(&b, "%s\n", dimStyle.Render(m.watch.status()))
+	}
 	dir := "▼"
 	if m.asc {
 		dir = "▲"
