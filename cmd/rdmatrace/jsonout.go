@@ -54,6 +54,11 @@ type jsonSummary struct {
 	P99Ns        int64   `json:"p99_ns"`
 	Enlargements uint64  `json:"enlargements"`
 	RegsPerSec   float64 `json:"regs_per_sec"`
+	// Connections by phase, from the enlargement markers.
+	LargeSend int  `json:"large_send_connections"`
+	LargeRecv int  `json:"large_receive_connections"`
+	SmallDirs int  `json:"small_directions"`
+	Exited    bool `json:"exited"`
 }
 
 type jsonTotals struct {
@@ -98,9 +103,12 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 		}
 	}
 	elapsed := time.Since(start)
-	procs := st.rows(byPID, true, "")
+	st.markExited(processAlive)
+	procs := st.rows(byPID, true, "", false)
 	for _, p := range procs {
+		sl, rl, sm := p.phases()
 		enc.Encode(jsonSummary{
+			LargeSend: sl, LargeRecv: rl, SmallDirs: sm, Exited: p.Exited,
 			Type: "summary", PID: p.PID, Comm: p.Comm,
 			Regs: p.Regs, RegFails: p.RegFails, Deregs: p.Deregs, Reregs: p.Reregs,
 			Registered: p.Registered, Live: p.Live(),

@@ -169,6 +169,75 @@ func TestLiveViewTmux(t *testing.T) {
 	})
 }
 
+// The live view started first, with neither --pid nor --binary: two
+// processes started later, one of them stripped, appear with exact
+// counts; one that exits is marked, and x hides it.
+func TestLiveViewTmuxDiscovers(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("skipping: tmux is not installed (scripts/deps.sh installs it)")
+	}
+	rdmatrace, goreg := build(t)
+	stripped := filepath.Join(filepath.Dir(goreg), "goreg-s")
+	if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", stripped, "../../bpf/testdata/goreg").CombinedOutput(); err != nil {
+		t.Fatalf("build stripped goreg: %v\n%s", err, out)
+	}
+	session := fmt.Sprintf("rdmatrace-disc-%d", os.Getpid())
+	tmux := func(args ...string) string {
+		out, err := exec.Command("tmux", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	cmdline := fmt.Sprintf("%s --go-package main --interval 200ms --no-verbs; sleep 30", rdmatrace)
+	tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmdline)
+	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
+	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
+	has := func(subs ...string) func() (bool, string) {
+		return func() (bool, string) {
+			s := screen()
+			for _, sub := range subs {
+				if !strings.Contains(s, sub) {
+					return false, s
+				}
+			}
+			return true, s
+		}
+	}
+	waitFor(t, "the view to start", 20*time.Second, has("watching every process: 0 rdmagrpc executables probed"))
+	g1 := startGoreg(t, goreg, "-g", "2", "-n", "40", "-enlarge", "1")
+	g2 := startGoreg(t, stripped, "-g", "1", "-n", "30", "-fail", "3", "-enlarge", "2")
+	waitFor(t, "both found", 5*time.Second, has("2 rdmagrpc executables probed, 2 processes running them"))
+	g1.round(t)
+	g2.round(t)
+	row := func(pid int, comm string, regs, fails, enl string) func() (bool, string) {
+		prefix := fmt.Sprintf("%7d  %-15s", pid, comm)
+		return func() (bool, string) {
+			s := screen()
+			for line := range strings.Lines(s) {
+				f := strings.Fields(line)
+				if strings.HasPrefix(line, prefix) && len(f) >= 11 && f[3] == regs && f[4] == fails && f[5] == regs && f[len(f)-1] == enl {
+					return true, s
+				}
+			}
+			return false, s
+		}
+	}
+	waitFor(t, "goreg's row", 5*time.Second, row(g1.cmd.Process.Pid, "goreg", "80", "0", "2"))
+	s := waitFor(t, "the stripped goreg's row", 5*time.Second, row(g2.cmd.Process.Pid, "goreg-s", "30", "3", "2"))
+	t.Logf("screen:\n%s", s)
+	g2.stdin.Close()
+	g2.cmd.Wait()
+	waitFor(t, "the exited mark", 5*time.Second, has("goreg-s exited"))
+	tmux("send-keys", "-t", session, "x")
+	waitFor(t, "exited rows hidden", 5*time.Second, func() (bool, string) {
+		s := screen()
+		return !strings.Contains(s, "goreg-s") && strings.Contains(s, fmt.Sprintf("%7d  goreg", g1.cmd.Process.Pid)), s
+	})
+	tmux("send-keys", "-t", session, "q")
+}
+
 // --json --duration: one line per call, then exact per-process totals.
 func TestJSONExactCounts(t *testing.T) {
 	requireRoot(t)
@@ -334,7 +403,8 @@ func TestDiscoversNewProcesses(t *testing.T) {
 		regs, fails, enlargements uint64
 	}{{g1, 60, 0, 2}, {g2, 60, 6, 6}} {
 		s := sums[uint32(c.g.cmd.Process.Pid)]
-		if s.Regs != c.regs || s.RegFails != c.fails || s.Deregs != c.regs || s.Enlargements != c.enlargements {
+		// goreg's markers: outcome 1 (enlarged) on distinct connection ids.
+		if s.Regs != c.regs || s.RegFails != c.fails || s.Deregs != c.regs || s.Enlargements != c.enlargements || s.LargeSend != int(c.enlargements) {
 			t.Errorf("pid %d: %+v; want %d regs, %d failures, %d deregs, %d enlargements", c.g.cmd.Process.Pid, s, c.regs, c.fails, c.regs, c.enlargements)
 		}
 	}

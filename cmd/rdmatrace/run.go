@@ -88,7 +88,7 @@ func attach(tr *bpf.Tracer, cfg config) ([]string, *watcher) {
 		}
 		w := newWatcher(tr, fns)
 		if w.scan() == 0 {
-			notes = append(notes, "no rdmagrpc process running yet: watching for new ones")
+			notes = append(notes, noneYet)
 		}
 		return notes, w
 	}
@@ -134,7 +134,7 @@ func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string, w 
 		src:      events,
 		errc:     errc,
 		tr:       tr,
-		probes:   describeProbes(tr.Attached(), notes),
+		notes:    notes,
 		watch:    w,
 		scope:    scope,
 		interval: cfg.interval,
@@ -151,14 +151,17 @@ func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string, w 
 	return err
 }
 
+// noneYet is the note of a watcher that has found nothing so far.
+const noneYet = "no rdmagrpc process running yet: watching for new ones"
+
 func describeProbes(attached, notes []string) string {
 	var verbs, gofns []string
 	for _, a := range attached {
 		fn := a[strings.LastIndexByte(a, ':')+1:]
 		if strings.HasPrefix(fn, "ibv_") {
 			verbs = append(verbs, fn)
-		} else {
-			gofns = append(gofns, fn[strings.LastIndexByte(fn, '/')+1:])
+		} else if fn = fn[strings.LastIndexByte(fn, '/')+1:]; !slices.Contains(gofns, fn) {
+			gofns = append(gofns, fn) // once, however many executables have it
 		}
 	}
 	s := fmt.Sprintf("libibverbs %d, Go %d %v", len(verbs), len(gofns), gofns)

@@ -38,6 +38,32 @@ type proc struct {
 	window []time.Duration // ring of recent registration latencies
 	next   int
 	Hist   [histBuckets]uint64
+
+	// Connections by phase, from the enlargement markers: a connection
+	// is counted in the phase its last marker on each side left it in.
+	sendPhase, recvPhase map[uint64]bool // conn id → large
+	Exited               bool            // the process is gone (its row stays until hidden)
+}
+
+// phases counts the connections whose markers were seen: directions
+// sending into large buffers, receiving into large buffers, and those
+// whose enlargement failed (small for now).
+func (p *proc) phases() (sendLarge, recvLarge, small int) {
+	for _, l := range p.sendPhase {
+		if l {
+			sendLarge++
+		} else {
+			small++
+		}
+	}
+	for _, l := range p.recvPhase {
+		if l {
+			recvLarge++
+		} else {
+			small++
+		}
+	}
+	return
 }
 
 // Live is the registered memory the process holds, as far as seen.
@@ -115,6 +141,19 @@ func (s *stats) add(ev bpf.Event) {
 		}
 	case bpf.KindEnlargement:
 		p.Enlargements++
+		if p.sendPhase == nil {
+			p.sendPhase, p.recvPhase = map[uint64]bool{}, map[uint64]bool{}
+		}
+		switch ev.Outcome {
+		case 1: // enlarged
+			p.sendPhase[ev.ConnID] = true
+		case 2, 3, 4: // refused by the peer, ack timed out, local registration failed
+			p.sendPhase[ev.ConnID] = false
+		case 5: // served
+			p.recvPhase[ev.ConnID] = true
+		case 6: // refused
+			p.recvPhase[ev.ConnID] = false
+		}
 		s.enl = append(s.enl, ev)
 		if len(s.enl) > maxEnlargements {
 			s.enl = slices.Delete(s.enl, 0, len(s.enl)-maxEnlargements)
@@ -152,12 +191,25 @@ func (k sortKey) String() string {
 	return [...]string{"reg/s", "regs", "registered", "live", "p99", "pid"}[k]
 }
 
+// markExited marks the processes alive says are gone.
+func (s *stats) markExited(alive func(pid uint32) bool) {
+	for _, p := range s.procs {
+		if !p.Exited && !alive(p.PID) {
+			p.Exited = true
+		}
+	}
+}
+
 // rows returns the processes matching filter (a substring of the command
-// name or pid), sorted by key, largest first unless asc.
-func (s *stats) rows(key sortKey, asc bool, filter string) []*proc {
+// name or pid), sorted by key, largest first unless asc; without the
+// exited ones if hideExited.
+func (s *stats) rows(key sortKey, asc bool, filter string, hideExited bool) []*proc {
 	var out []*proc
 	for _, p := range s.procs {
 		if filter != "" && !strings.Contains(p.Comm, filter) && !strings.Contains(strconv.Itoa(int(p.PID)), filter) {
+			continue
+		}
+		if hideExited && p.Exited {
 			continue
 		}
 		out = append(out, p)

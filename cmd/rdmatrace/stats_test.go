@@ -51,18 +51,18 @@ func TestStatsAccounting(t *testing.T) {
 		t.Fatalf("enlargements %+v", s.enl)
 	}
 
-	rows := s.rows(byLive, false, "")
+	rows := s.rows(byLive, false, "", false)
 	if len(rows) != 3 || rows[0].PID != 20 || rows[1].PID != 10 || rows[2].PID != 30 {
 		t.Fatalf("by live: %v", pids(rows))
 	}
-	rows = s.rows(byRegs, true, "")
+	rows = s.rows(byRegs, true, "", false)
 	if rows[0].PID != 30 || rows[2].PID != 10 {
 		t.Fatalf("by regs ascending: %v", pids(rows))
 	}
-	if rows = s.rows(byPID, false, "serv"); len(rows) != 1 || rows[0].PID != 10 {
+	if rows = s.rows(byPID, false, "serv", false); len(rows) != 1 || rows[0].PID != 10 {
 		t.Fatalf("filter serv: %v", pids(rows))
 	}
-	if rows = s.rows(byPID, false, "20"); len(rows) != 1 || rows[0].PID != 20 {
+	if rows = s.rows(byPID, false, "20", false); len(rows) != 1 || rows[0].PID != 20 {
 		t.Fatalf("filter 20: %v", pids(rows))
 	}
 }
@@ -102,4 +102,29 @@ func pids(ps []*proc) []uint32 {
 		out = append(out, p.PID)
 	}
 	return out
+}
+
+func TestPhasesAndExited(t *testing.T) {
+	s := newStats(time.Now())
+	enl := func(pid uint32, conn uint64, outcome uint32) {
+		s.add(bpf.Event{Kind: bpf.KindEnlargement, PID: pid, Comm: "svc", ConnID: conn, Outcome: outcome})
+	}
+	enl(10, 1, 1) // conn 1 sends into large buffers
+	enl(10, 2, 3) // conn 2's ack timed out: small
+	enl(10, 3, 5) // conn 3 receives into large buffers
+	enl(10, 1, 5) // conn 1 receives into large buffers too
+	enl(20, 9, 6) // pid 20 refused one
+	if sl, rl, sm := s.procs[10].phases(); sl != 1 || rl != 2 || sm != 1 {
+		t.Fatalf("pid 10 phases: %d large send, %d large receive, %d small; want 1, 2, 1", sl, rl, sm)
+	}
+	s.markExited(func(pid uint32) bool { return pid != 10 })
+	if !s.procs[10].Exited || s.procs[20].Exited {
+		t.Fatal("exited marks wrong")
+	}
+	if rows := s.rows(byPID, true, "", true); len(rows) != 1 || rows[0].PID != 20 {
+		t.Fatalf("hiding exited: %v", pids(rows))
+	}
+	if rows := s.rows(byPID, true, "", false); len(rows) != 2 {
+		t.Fatalf("showing exited: %v", pids(rows))
+	}
 }

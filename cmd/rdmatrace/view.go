@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,23 +27,24 @@ type model struct {
 	src      <-chan bpf.Event
 	errc     <-chan error
 	tr       *bpf.Tracer
-	probes   string
+	notes    []string // what could not be probed at start
 	watch    *watcher // nil: --binary or --pid
 	scope    string
 	interval time.Duration
 	started  time.Time
 	until    time.Time // zero: until the user quits
 
-	sort      sortKey
-	asc       bool
-	filter    string
-	editing   bool // typing a filter
-	draft     string
-	selected  int
-	width     int
-	height    int
-	err       error
-	lastStats bpf.Stats
+	sort       sortKey
+	asc        bool
+	hideExited bool
+	filter     string
+	editing    bool // typing a filter
+	draft      string
+	selected   int
+	width      int
+	height     int
+	err        error
+	lastStats  bpf.Stats
 }
 
 var (
@@ -97,6 +100,7 @@ func (m *model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case tickMsg:
 		now := time.Time(msg)
 		m.st.tick(now)
+		m.st.markExited(processAlive)
 		if s, err := m.tr.Stats(); err == nil {
 			m.lastStats = s
 		}
@@ -150,6 +154,8 @@ func (m *model) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
 		m.sort = (m.sort + numSortKeys - 1) % numSortKeys
 	case "r":
 		m.asc = !m.asc
+	case "x":
+		m.hideExited = !m.hideExited
 	case "/":
 		m.editing, m.draft = true, m.filter
 	case "esc", "c":
@@ -167,7 +173,11 @@ func (m *model) View() string {
 	up := time.Since(m.started).Truncate(time.Second)
 	fmt.Fprintf(&b, "%s  %s  up %s  events %d  lost %d\n",
 		titleStyle.Render("rdmatrace — memory registration, live"), m.scope, up, m.st.events, m.lastStats.Lost)
-	fmt.Fprintf(&b, "%s\n", dimStyle.Render("probes: "+m.probes))
+	notes := m.notes
+	if m.watch != nil && len(m.tr.Attached()) > 0 {
+		notes = slices.DeleteFunc(slices.Clone(notes), func(n string) bool { return n == noneYet })
+	}
+	fmt.Fprintf(&b, "%s\n", dimStyle.Render("probes: "+describeProbes(m.tr.Attached(), notes)))
 	if m.watch != nil {
 		fmt.Fprintf(&b, "%s\n", dimStyle.Render(m.watch.status()))
 	}
@@ -183,9 +193,9 @@ func (m *model) View() string {
 		filter = "(none)"
 	}
 	fmt.Fprintf(&b, "sort: %s %s   filter: %s   %s\n\n", m.sort, dir, filter,
-		dimStyle.Render("[s/S] sort  [r] reverse  [/] filter  [c] clear  [↑↓] select  [q] quit"))
+		dimStyle.Render("[s/S] sort  [r] reverse  [/] filter  [c] clear  [x] hide exited  [↑↓] select  [q] quit"))
 
-	rows := m.st.rows(m.sort, m.asc, m.filter)
+	rows := m.st.rows(m.sort, m.asc, m.filter, m.hideExited)
 	header := fmt.Sprintf("%7s  %-15s %8s %8s %6s %8s %11s %10s %9s %9s %5s",
 		"PID", "COMM", "REG/s", "REGS", "FAIL", "DEREGS", "REGISTERED", "LIVE", "p50", "p99", "ENL")
 	b.WriteString(headerStyle.Render(header) + "\n")
@@ -198,8 +208,12 @@ func (m *model) View() string {
 		if p.releasedUnseen {
 			live += "*"
 		}
+		comm := p.Comm
+		if p.Exited {
+			comm = truncate(comm, 8) + " exited"
+		}
 		line := fmt.Sprintf("%7d  %-15s %8.1f %8d %6d %8d %11s %10s %9s %9s %5d",
-			p.PID, p.Comm, p.Rate, p.Regs, p.RegFails, p.Deregs, humanBytes(p.Registered), live,
+			p.PID, comm, p.Rate, p.Regs, p.RegFails, p.Deregs, humanBytes(p.Registered), live,
 			humanDuration(p.Percentile(0.50)), humanDuration(p.Percentile(0.99)), p.Enlargements)
 		if i == m.selected {
 			line = selStyle.Render(line)
@@ -207,9 +221,16 @@ func (m *model) View() string {
 		b.WriteString(line + "\n")
 	}
 	if len(rows) > 0 {
-		b.WriteString("\n" + m.histogram(rows[m.selected]))
+		p := rows[m.selected]
+		sl, rl, sm := p.phases()
+		fmt.Fprintf(&b, "\n%s\n", dimStyle.Render(fmt.Sprintf("connections of pid %d by phase (from enlargement markers): %d sending into large buffers, %d receiving into large buffers, %d directions left small (refused, timed out, failed)", p.PID, sl, rl, sm)))
+		b.WriteString(m.histogram(p))
 	}
-	b.WriteString("\n" + m.enlargements())
+	shown := map[uint32]bool{}
+	for _, p := range rows {
+		shown[p.PID] = true
+	}
+	b.WriteString("\n" + m.enlargements(shown))
 	if m.err != nil {
 		b.WriteString("\n" + warnStyle.Render("tracer stopped: "+m.err.Error()) + "\n")
 	}
@@ -248,12 +269,18 @@ func (m *model) histogram(p *proc) string {
 	return b.String()
 }
 
-func (m *model) enlargements() string {
+// enlargements lists the recent enlargements of the processes shown.
+func (m *model) enlargements(shown map[uint32]bool) string {
 	var b strings.Builder
 	b.WriteString(headerStyle.Render("recent enlargements") + "\n")
-	enl := m.st.enl
+	var enl []bpf.Event
+	for _, ev := range m.st.enl {
+		if shown[ev.PID] {
+			enl = append(enl, ev)
+		}
+	}
 	if len(enl) == 0 {
-		b.WriteString(dimStyle.Render("  none seen (rdmagrpc's conn.enlargementMarker; needs --binary or --pid)") + "\n")
+		b.WriteString(dimStyle.Render("  none seen (rdmagrpc's conn.enlargementMarker)") + "\n")
 		return b.String()
 	}
 	show := 8
@@ -268,4 +295,17 @@ func (m *model) enlargements() string {
 			humanDuration(ev.EnlargeDuration), conn.EnlargeOutcome(ev.Outcome))
 	}
 	return b.String()
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// processAlive reports whether pid still runs (its /proc entry exists).
+func processAlive(pid uint32) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
 }
