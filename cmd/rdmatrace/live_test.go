@@ -377,15 +377,28 @@ func TestDiscoversNewProcesses(t *testing.T) {
 		}
 	}
 	wait(func(l string) bool { return strings.HasPrefix(l, "rdmatrace: attached") })
-	// Both start after rdmatrace: it must find them by itself.
+	// All start after rdmatrace: it must find them by itself. The third
+	// runs in a mount namespace of its own, from a file rdmatrace's
+	// namespace cannot see (a tmpfs mounted there), as in a container.
 	g1 := startGoreg(t, goreg, "-g", "2", "-n", "30", "-enlarge", "1")
 	g2 := startGoreg(t, stripped, "-g", "3", "-n", "20", "-fail", "2", "-enlarge", "2")
-	for _, g := range []*goregProc{g1, g2} {
+	procs := []*goregProc{g1, g2}
+	var g3 *goregProc
+	if _, err := exec.LookPath("unshare"); err == nil {
+		hidden := t.TempDir()
+		script := fmt.Sprintf(`mount -t tmpfs none %s && cp %s %s/app && exec %s/app "$@"`, hidden, goreg, hidden, hidden)
+		g3 = startGoreg(t, "unshare", "-m", "sh", "-c", script, "sh", "-n", "15", "-enlarge", "3")
+		procs = append(procs, g3)
+	} else {
+		t.Log("unshare(1) missing: the other mount namespace is not tried")
+	}
+	for _, g := range procs {
 		pid := fmt.Sprintf("(pid %d)", g.cmd.Process.Pid)
 		wait(func(l string) bool { return strings.Contains(l, "attached") && strings.HasSuffix(l, pid) })
 	}
-	g1.round(t)
-	g2.round(t)
+	for _, g := range procs {
+		g.round(t)
+	}
 	for range lines {
 	}
 	if err := cmd.Wait(); err != nil {
@@ -401,7 +414,10 @@ func TestDiscoversNewProcesses(t *testing.T) {
 	for _, c := range []struct {
 		g                         *goregProc
 		regs, fails, enlargements uint64
-	}{{g1, 60, 0, 2}, {g2, 60, 6, 6}} {
+	}{{g1, 60, 0, 2}, {g2, 60, 6, 6}, {g3, 15, 0, 3}} {
+		if c.g == nil {
+			continue
+		}
 		s := sums[uint32(c.g.cmd.Process.Pid)]
 		// goreg's markers: outcome 1 (enlarged) on distinct connection ids.
 		if s.Regs != c.regs || s.RegFails != c.fails || s.Deregs != c.regs || s.Enlargements != c.enlargements || s.LargeSend != int(c.enlargements) {
