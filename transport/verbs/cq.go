@@ -5,7 +5,9 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -41,21 +43,23 @@ var (
 // total to be right at the end.
 const ackBatch = 64
 
+// Every CQ of a device shares the device's completion channel, read by
+// one goroutine (compChannel.serve) that hands each event to its CQ: the
+// function of SetNotify (transport.NotifyCQ), else a wake-up for Wait. So
+// a connection waiting for completions has neither a goroutine nor a
+// descriptor of its own, as Go's netpoller serves every socket from one
+// epoll instance.
 type cq struct {
 	dev    *device
 	handle uint64
-	ch     *C.struct_ibv_comp_channel
 	cq     *C.struct_ibv_cq
-	poll   *pollFD
 	cap    int
 
 	overflow atomic.Bool
-	// waitSem serialises Wait: the poller deadline belongs to the file
-	// and a notification wakes one waiter, as in verbs. unacked is
-	// guarded by it.
-	waitSem chan struct{}
-	unacked uint32
-	closing chan struct{}
+	fn       atomic.Pointer[func()] // SetNotify's, called instead of waking Wait
+	woke     chan struct{}          // a wake-up for Wait, buffered so none is lost
+	unacked  uint32                 // events not yet acknowledged; guarded by cqMu
+	closing  chan struct{}
 
 	// mu orders Poll/ReqNotify (read side) against destruction.
 	mu     sync.RWMutex
@@ -69,24 +73,13 @@ func newCQ(d *device, entries int) (*cq, error) {
 	if d.attr.MaxCQE > 0 && entries > d.attr.MaxCQE {
 		return nil, fmt.Errorf("verbs: CreateCQ(%d): device limit is %d entries", entries, d.attr.MaxCQE)
 	}
-	ch, err := C.ibv_create_comp_channel(d.ctx)
-	if ch == nil {
-		return nil, fmt.Errorf("verbs: ibv_create_comp_channel: %w", errnoNow(err))
-	}
 	h := newHandle()
-	q, err := C.shim_create_cq(d.ctx, C.int(entries), ch, C.uint64_t(h))
+	q, err := C.shim_create_cq(d.ctx, C.int(entries), d.comp.ch, C.uint64_t(h))
 	if q == nil {
-		C.ibv_destroy_comp_channel(ch)
 		return nil, fmt.Errorf("verbs: ibv_create_cq(%d): %w", entries, errnoNow(err))
 	}
-	p, err := newPollFD(C.shim_comp_channel_fd(ch), "ibv_comp_channel")
-	if err != nil {
-		C.ibv_destroy_cq(q)
-		C.ibv_destroy_comp_channel(ch)
-		return nil, err
-	}
-	c := &cq{dev: d, handle: h, ch: ch, cq: q, poll: p, cap: int(C.shim_cq_cqe(q)),
-		waitSem: make(chan struct{}, 1), closing: make(chan struct{})}
+	c := &cq{dev: d, handle: h, cq: q, cap: int(C.shim_cq_cqe(q)),
+		woke: make(chan struct{}, 1), closing: make(chan struct{})}
 	cqMu.Lock()
 	cqs[h] = c
 	cqMu.Unlock()
@@ -123,64 +116,45 @@ func (c *cq) ReqNotify() error {
 	return opErr("ibv_req_notify_cq", C.shim_req_notify_cq(c.cq))
 }
 
-// What the poll callback returns when Close or an async CQ error wakes
-// the waiter instead of a completion event.
-const (
-	cqOverflowed = -1
-	cqClosing    = -2
-)
+// SetNotify implements transport.NotifyCQ.
+func (c *cq) SetNotify(fn func()) {
+	if fn == nil {
+		c.fn.Store(nil)
+		return
+	}
+	c.fn.Store(&fn)
+}
+
+// signal is what a completion event (or an overflow) does to the CQ.
+func (c *cq) signal() {
+	if fn := c.fn.Load(); fn != nil {
+		(*fn)()
+		return
+	}
+	select {
+	case c.woke <- struct{}{}:
+	default:
+	}
+}
 
 func (c *cq) Wait(ctx context.Context) error {
-	select {
-	case c.waitSem <- struct{}{}:
-	case <-c.closing:
-		return fmt.Errorf("verbs: Wait on closed CQ: %w", net.ErrClosed)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-c.waitSem }()
 	select {
 	case <-c.closing:
 		return fmt.Errorf("verbs: Wait on closed CQ: %w", net.ErrClosed)
 	default:
 	}
-	rc, err := c.poll.readCtx(ctx, func() C.int {
-		select {
-		case <-c.closing:
-			return cqClosing
-		default:
-		}
-		if c.overflow.Load() {
-			return cqOverflowed
-		}
-		return C.shim_get_cq_event(c.ch)
-	})
-	if err != nil {
-		select {
-		case <-c.closing:
-			return fmt.Errorf("verbs: Wait on closed CQ: %w", net.ErrClosed)
-		default:
-		}
-		return err
-	}
-	switch rc {
-	case 0:
-		c.unacked++
-		if c.unacked >= ackBatch {
-			C.shim_ack_cq_events(c.cq, C.uint(c.unacked))
-			c.unacked = 0
-		}
-		return nil
-	case cqOverflowed:
-		return nil // Poll reports ErrCQOverflow
-	case cqClosing:
+	select {
+	case <-c.woke:
+		return nil // an overflow too: Poll reports ErrCQOverflow
+	case <-c.closing:
 		return fmt.Errorf("verbs: Wait on closed CQ: %w", net.ErrClosed)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return opErr("ibv_get_cq_event", rc)
 }
 
-// kick wakes a blocked Wait so that it re-checks the CQ's flags.
-func (c *cq) kick() { c.poll.f.SetReadDeadline(aLongTimeAgo) }
+// kick wakes a waiter so that it re-checks the CQ's flags.
+func (c *cq) kick() { c.signal() }
 
 // Close destroys the CQ. QPs using it must be closed first: otherwise
 // verbs refuses (EBUSY), Close returns the error, Poll still works and
@@ -191,29 +165,96 @@ func (c *cq) Close() error {
 	if c.closed {
 		return nil
 	}
-	// Wake and exclude waiters before touching the channel.
 	select {
 	case <-c.closing:
 	default:
 		close(c.closing)
 	}
-	c.kick()
-	c.waitSem <- struct{}{}
-	defer func() { <-c.waitSem }()
-	if c.unacked > 0 {
-		C.shim_ack_cq_events(c.cq, C.uint(c.unacked))
-		c.unacked = 0
+	// Events the channel's reader takes from now on find no CQ and are
+	// acknowledged there; those it counted are acknowledged here:
+	// ibv_destroy_cq waits until every event of the CQ is.
+	cqMu.Lock()
+	delete(cqs, c.handle)
+	n := c.unacked
+	c.unacked = 0
+	cqMu.Unlock()
+	if n > 0 {
+		C.shim_ack_cq_events(c.cq, C.uint(n))
 	}
 	if rc := C.ibv_destroy_cq(c.cq); rc != 0 {
+		cqMu.Lock()
+		cqs[c.handle] = c // still usable
+		cqMu.Unlock()
 		return fmt.Errorf("verbs: CQ still in use by a QP: %w", opErr("ibv_destroy_cq", rc))
 	}
 	c.closed = true
-	cqMu.Lock()
-	delete(cqs, c.handle)
-	cqMu.Unlock()
-	c.poll.close()
-	if rc := C.ibv_destroy_comp_channel(c.ch); rc != 0 {
-		return opErr("ibv_destroy_comp_channel", rc)
-	}
 	return nil
+}
+
+// compChannel is a device's completion channel and the goroutine that
+// reads it.
+type compChannel struct {
+	ch   *C.struct_ibv_comp_channel
+	poll *pollFD
+	done chan struct{}
+}
+
+func newCompChannel(d *device) (*compChannel, error) {
+	ch, err := C.ibv_create_comp_channel(d.ctx)
+	if ch == nil {
+		return nil, fmt.Errorf("verbs: ibv_create_comp_channel: %w", errnoNow(err))
+	}
+	p, err := newPollFD(C.shim_comp_channel_fd(ch), "ibv_comp_channel")
+	if err != nil {
+		C.ibv_destroy_comp_channel(ch)
+		return nil, err
+	}
+	cc := &compChannel{ch: ch, poll: p, done: make(chan struct{})}
+	go cc.serve()
+	return cc, nil
+}
+
+// serve hands each completion event to its CQ until the channel closes.
+func (cc *compChannel) serve() {
+	defer close(cc.done)
+	var q *C.struct_ibv_cq
+	var h C.uint64_t
+	for {
+		rc, err := cc.poll.read(func() C.int { return C.shim_get_cq_event_of(cc.ch, &q, &h) })
+		if err != nil {
+			return // closed by compChannel.close
+		}
+		if rc != 0 {
+			if errors.Is(errnoErr(rc), errInterrupted) {
+				continue
+			}
+			log.Printf("verbs: ibv_get_cq_event: %v; completion events stop", errnoErr(rc))
+			return
+		}
+		cqMu.Lock()
+		c := cqs[uint64(h)]
+		if c == nil {
+			// Being destroyed: its Close waits for this acknowledgement.
+			C.shim_ack_cq_events(q, 1)
+			cqMu.Unlock()
+			continue
+		}
+		if c.unacked++; c.unacked >= ackBatch {
+			C.shim_ack_cq_events(c.cq, C.uint(c.unacked))
+			c.unacked = 0
+		}
+		cqMu.Unlock()
+		c.signal()
+	}
+}
+
+// close stops the goroutine and destroys the channel; every CQ on it must
+// have been destroyed.
+func (cc *compChannel) close() error {
+	err := cc.poll.close()
+	<-cc.done
+	if rc := C.ibv_destroy_comp_channel(cc.ch); rc != 0 {
+		return errors.Join(err, opErr("ibv_destroy_comp_channel", rc))
+	}
+	return err
 }

@@ -29,6 +29,7 @@ type device struct {
 	initDepth, respRes uint8
 
 	cm    *cmChannel
+	comp  *compChannel // shared by every CQ of the device
 	async *asyncReader
 	mem   memRegistry
 
@@ -72,6 +73,11 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 		return nil, err
 	}
 	if d.cm, err = newCMChannel(); err != nil {
+		d.async.release()
+		return nil, err
+	}
+	if d.comp, err = newCompChannel(d); err != nil {
+		d.cm.close()
 		d.async.release()
 		return nil, err
 	}
@@ -221,6 +227,22 @@ func (d *device) Close() error {
 		}
 	}
 	if err := d.cm.close(); err != nil {
+		errs = append(errs, err)
+	}
+	open := 0
+	cqMu.Lock()
+	for _, c := range cqs {
+		if c.dev == d {
+			open++
+		}
+	}
+	cqMu.Unlock()
+	if open > 0 {
+		// verbs would refuse to destroy a channel CQs still use.
+		d.comp.poll.close()
+		<-d.comp.done
+		errs = append(errs, fmt.Errorf("verbs: device %s closed with %d CQs open; its completion channel is left", d.name, open))
+	} else if err := d.comp.close(); err != nil {
 		errs = append(errs, err)
 	}
 	d.async.release()

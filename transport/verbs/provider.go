@@ -8,12 +8,16 @@
 //     addresses are "ip:port"); the QPs are created by this package and
 //     moved through INIT/RTR/RTS with rdma_init_qp_attr plus our own
 //     reliability attributes (see qpattr.go).
-//   - No OS thread is parked anywhere: the rdma_cm event channel, each
+//   - No OS thread is parked anywhere: the rdma_cm event channel, the
 //     completion channel and the device's async event fd are switched to
 //     O_NONBLOCK and read through Go's netpoller (os.File + RawConn).
 //   - One goroutine per Device serves the rdma_cm event channel and
-//     dispatches events to listeners and ids; one goroutine per verbs
-//     context reads async events (CQ overflow). Both end on Close.
+//     dispatches events to listeners and ids; one serves the device's
+//     completion channel, which every CQ of the device shares, and hands
+//     each event to its CQ (the SetNotify function of transport.NotifyCQ,
+//     else a wake-up for Wait); one per verbs context reads async events
+//     (CQ overflow). All end on Close. A CQ costs no descriptor and no
+//     goroutine of its own.
 //   - Work requests and completions cross into C as flat, pointer-free
 //     arrays; completions are written straight into the caller's
 //     []transport.WorkCompletion.

@@ -152,13 +152,13 @@ int shim_req_notify_cq(struct ibv_cq *cq)
 
 // Returns 0 when an event was consumed, EAGAIN when the channel is empty,
 // another errno on failure.
-int shim_get_cq_event(struct ibv_comp_channel *ch)
+int shim_get_cq_event_of(struct ibv_comp_channel *ch, struct ibv_cq **cq, uint64_t *handle)
 {
-	struct ibv_cq *cq;
 	void *ctx;
 
-	if (ibv_get_cq_event(ch, &cq, &ctx))
+	if (ibv_get_cq_event(ch, cq, &ctx))
 		return errno ? errno : EIO;
+	*handle = (uint64_t)(uintptr_t)ctx;
 	return 0;
 }
 

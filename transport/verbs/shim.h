@@ -75,7 +75,8 @@ int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 		   const struct ibv_sge *sges, int *posted);
 int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n);
 int shim_req_notify_cq(struct ibv_cq *cq);
-int shim_get_cq_event(struct ibv_comp_channel *ch);
+// ibv_get_cq_event that also returns the CQ and its context (our handle).
+int shim_get_cq_event_of(struct ibv_comp_channel *ch, struct ibv_cq **cq, uint64_t *handle);
 void shim_ack_cq_events(struct ibv_cq *cq, unsigned int n);
 
 struct shim_port {
