@@ -112,8 +112,13 @@ type Conn struct {
 	ctlPending int  // zero-length messages in flight
 	creditOut  bool // a credit message is in flight
 	recordOut  bool // the control record staging slot is in use
-	enl        enlargement
-	rdv        rendezvous
+	// posting: a data message holds a credit and is not posted yet. A
+	// record waits for it (recordWaits), so that data never lands after
+	// a record that took a credit after it: the receiver holds the writer
+	// to keeping its last credit for records (receivedLocked).
+	posting, recordWaits bool
+	enl                  enlargement
+	rdv                  rendezvous
 	// lifecycle
 	wclosed bool
 	eofIn   bool
@@ -442,6 +447,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		seq := t.seq
 		t.seq++
 		t.credits--
+		c.posting = true
 		c.mu.Unlock()
 
 		// The copy runs unlocked: the staging slot is this writer's alone
@@ -468,6 +474,11 @@ func (c *Conn) write(b []byte) (int, error) {
 		cring, credits := c.takeCreditsLocked()
 		wr.RemoteAddr, wr.RKey, wr.Imm = t.addr+slot*uint64(t.size), t.rkey, encodeImm(kindSmall+ring, cring, credits, k)
 		_, err := c.qp.PostSend(wr)
+		c.posting = false
+		if c.recordWaits {
+			c.recordWaits = false
+			c.broadcastLocked()
+		}
 		if err != nil {
 			c.failLocked(fmt.Errorf("conn: post write: %w", err))
 			c.mu.Unlock()

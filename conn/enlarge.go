@@ -168,8 +168,11 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 	if r.typ == recRead {
 		need = 1
 	}
-	for c.recordOut || c.tx[c.sending].credits < need {
+	for c.recordOut || c.tx[c.sending].credits < need || c.posting {
 		ch := c.changed
+		if c.posting {
+			c.recordWaits = true
+		}
 		if r.typ == recRead && c.tx[c.sending].credits < need {
 			c.spillLocked()
 		}

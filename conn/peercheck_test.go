@@ -49,7 +49,11 @@ func TestPeerCheck(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "conn.test")
-	if err := copyExe(os.Args[0], bin); err != nil {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := copyExe(self, bin); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
