@@ -53,3 +53,14 @@ func TestProviderChoiceBrokenDevice(t *testing.T) {
 		})
 	}
 }
+
+// Over shm a connection lives on the device of its peer process (shm's
+// per-peer isolation), on both ends.
+func TestShmConnectionOnPeerDevice(t *testing.T) {
+	a, b := conns(t, WithProvider("shm"))
+	for _, c := range []*Conn{a, b} {
+		if d := c.Stats().Device; !strings.HasPrefix(d, "shm0/pid") {
+			t.Errorf("connection on device %q, want the peer process's (shm0/pid…)", d)
+		}
+	}
+}

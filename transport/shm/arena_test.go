@@ -10,12 +10,12 @@ import (
 )
 
 func TestArenaRunReusedZeroed(t *testing.T) {
-	a, err := allocMemory(8192)
+	a, err := allocMemory(dataPool, 8192)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer freeMemory(a)
-	b, err := allocMemory(8192)
+	b, err := allocMemory(dataPool, 8192)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestArenaRunReusedZeroed(t *testing.T) {
 	if err := freeMemory(b); err != nil {
 		t.Fatal(err)
 	}
-	c, err := allocMemory(8192)
+	c, err := allocMemory(dataPool, 8192)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestArenaRunReusedZeroed(t *testing.T) {
 }
 
 func TestArenaLargeAllocationDedicated(t *testing.T) {
-	big, err := allocMemory(dedicatedAt)
+	big, err := allocMemory(dataPool, dedicatedAt)
 	if err != nil {
 		t.Fatal(err)
 	}

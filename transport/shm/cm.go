@@ -396,7 +396,13 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		r.conn.Close()
 		return nil, fmt.Errorf("shm: accept: %d bytes of private data, max %d: %w", len(private), maxPrivate, transport.ErrInvalidWR)
 	}
-	q, err := r.l.dev.newQP(cfg)
+	// The connection lives on the device its PD is from: the listener's,
+	// or the one of the peer process (Device).
+	d := r.l.dev
+	if p, ok := cfg.PD.(*pd); ok && p != nil && p.dev.parent == r.l.dev {
+		d = p.dev
+	}
+	q, err := d.newQP(cfg)
 	if err != nil {
 		closeFDs(r.fds)
 		r.conn.Close()
@@ -468,17 +474,33 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if len(private) > maxPrivate {
 		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
 	}
-	ip, port, err := resolve(ctx, addr)
+	ip, port, c, err := dialAddr(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
+	return d.connectOn(ctx, c, addr, ip, port, cfg, private)
+}
+
+// dialAddr resolves addr, refuses another host's, and connects to its
+// listener's socket.
+func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *net.UnixConn, error) {
+	ip, port, err := resolve(ctx, addr)
+	if err != nil {
+		return ip, 0, nil, err
+	}
 	if !isLocal(ip) {
-		return nil, errNotLocal("connect to", addr, ip)
+		return ip, 0, nil, errNotLocal("connect to", addr, ip)
 	}
 	c, err := dialShm(ctx, ip, port)
 	if err != nil {
-		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
+		return ip, 0, nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
+	return ip, port, c, nil
+}
+
+// connectOn sets up a connection over c, a socket connected to the
+// listener of addr.
+func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.QP, error) {
 	q, err := d.newQP(cfg)
 	if err != nil {
 		c.Close()

@@ -60,6 +60,7 @@ type cqe struct {
 }
 
 type cq struct {
+	dev  *device // whose control arenas hold the header
 	id   uint64
 	cap  int
 	seg  *segment
@@ -101,12 +102,13 @@ func lookupCQ(id uint64) *cq {
 	return nil
 }
 
-func newCQ(entries int) (*cq, error) {
-	seg, err := newSegment(cqHdrSize)
+func newCQ(d *device, entries int) (*cq, error) {
+	seg, err := newSegment(d.ctl, cqHdrSize)
 	if err != nil {
 		return nil, fmt.Errorf("shm: create CQ: %w", err)
 	}
 	c := &cq{
+		dev:   d,
 		id:    cqIDs.Add(1),
 		cap:   entries,
 		seg:   seg,
@@ -332,5 +334,6 @@ func (c *cq) Close() error {
 	close(c.done)
 	liveCQs.Delete(c.id)
 	c.releaseLocked()
+	c.dev.cqs.Add(-1)
 	return nil
 }

@@ -154,6 +154,28 @@ func (p *pool) release(a *arena, off, n int) error {
 	return a.close()
 }
 
+// empty reports whether nothing is carved out of the pool. Called with
+// allocs locked.
+func (p *pool) empty() bool {
+	for _, a := range p.arenas {
+		if a.used > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// drop closes the arenas of an empty pool. Called with allocs locked.
+func (p *pool) drop() error {
+	var errs []error
+	for _, a := range p.arenas {
+		delete(arenas.byID, a.id)
+		errs = append(errs, a.close())
+	}
+	p.arenas = nil
+	return errors.Join(errs...)
+}
+
 // allocation is one run handed out by AllocMemory or to a segment.
 type allocation struct {
 	arena *arena
@@ -204,13 +226,13 @@ func carve(p *pool, size int) (*allocation, error) {
 	return &allocation{arena: ar, pool: p, off: off, mem: mem, base: addrOf(mem)}, nil
 }
 
-func allocMemory(size int) ([]byte, error) {
+func allocMemory(pl *pool, size int) ([]byte, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: alloc memory of %d bytes: size must be positive", size)
 	}
 	allocs.Lock()
 	defer allocs.Unlock()
-	a, err := carve(dataPool, size)
+	a, err := carve(pl, size)
 	if err != nil {
 		return nil, fmt.Errorf("shm: alloc memory of %d bytes: %w", size, err)
 	}
@@ -317,10 +339,10 @@ type segment struct {
 	mem []byte
 }
 
-func newSegment(size int) (*segment, error) {
+func newSegment(pl *pool, size int) (*segment, error) {
 	allocs.Lock()
 	defer allocs.Unlock()
-	a, err := carve(ctlPool, size)
+	a, err := carve(pl, size)
 	if err != nil {
 		return nil, err
 	}

@@ -319,6 +319,7 @@ func (p *pd) Close() error {
 	pdRegistry.Lock()
 	delete(pdRegistry.m, p.id)
 	pdRegistry.Unlock()
+	p.dev.pds.Add(-1)
 	return nil
 }
 
@@ -335,6 +336,8 @@ func (p *pd) RegMR(mem []byte, access transport.Access) (transport.MR, error) {
 			return nil, fmt.Errorf("shm: register MR at %#x+%d: memory does not come from Device.AllocMemory (the shm provider can only share memfd-backed memory): %w", addr, len(mem), err)
 		case unix.ENOMEM:
 			return nil, fmt.Errorf("shm: register MR: table of %d regions is full: %w", mrEntries, err)
+		case unix.EXDEV:
+			return nil, fmt.Errorf("shm: register MR at %#x+%d: memory allocated on another shm device (connections to each peer process have their own; allocate on the PD's device): %w", addr, len(mem), err)
 		default:
 			return nil, fmt.Errorf("shm: register MR at %#x+%d access %#x: %w", addr, len(mem), access, err)
 		}
@@ -372,6 +375,12 @@ func regMR(addr, length uint64, access uint32, pdID uint32) (key uint32, errno i
 	a := acquireAlloc(uintptr(addr), int(length))
 	if a == nil {
 		return 0, int32(unix.EFAULT)
+	}
+	if a.pool != p.dev.data {
+		// Memory of another device's arenas: its peer would be handed
+		// an arena holding another peer process's data.
+		a.mrs.Add(-1)
+		return 0, int32(unix.EXDEV)
 	}
 	off := uintptr(addr) - a.base
 	m := &mr{pd: p, access: acc, addr: addr, mem: a.mem[off : off+uintptr(length) : off+uintptr(length)], alloc: a}

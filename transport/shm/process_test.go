@@ -20,6 +20,13 @@ import (
 const peerEnv = "RDMAGRPC_SHM_TEST_PEER"
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(isoEnv); mode != "" {
+		if err := isoHelper(mode); err != nil {
+			fmt.Fprintln(os.Stderr, "isolation helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(peerEnv) == "echo" {
 		if err := echoPeer(); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)

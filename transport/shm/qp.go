@@ -89,6 +89,11 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 	if !ok1 || !ok2 || scq == nil || rcq == nil {
 		return nil, fmt.Errorf("shm: create QP: CQs are not from the shm provider: %w", transport.ErrInvalidWR)
 	}
+	if scq.dev != d || rcq.dev != d {
+		// The peer maps the receive CQ's header and must find nothing
+		// of another peer's beside it.
+		return nil, fmt.Errorf("shm: create QP: CQs are not from this shm device (each peer process has its own): %w", transport.ErrInvalidWR)
+	}
 	a := deviceAttr
 	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > a.MaxQPWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > a.MaxQPWR ||
 		cfg.MaxSendSGE < 0 || cfg.MaxSendSGE > a.MaxSGE || cfg.MaxRecvSGE < 0 || cfg.MaxRecvSGE > a.MaxSGE ||
@@ -96,7 +101,7 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		cfg.RetryCount < 0 || cfg.RetryCount > 7 {
 		return nil, fmt.Errorf("shm: create QP: attributes out of range (device limits %+v): %+v: %w", a, cfg, transport.ErrInvalidWR)
 	}
-	seg, err := newSegment(qpSegSize(cfg.MaxRecvWR, cfg.MaxRecvSGE))
+	seg, err := newSegment(d.ctl, qpSegSize(cfg.MaxRecvWR, cfg.MaxRecvSGE))
 	if err != nil {
 		return nil, fmt.Errorf("shm: create QP: %w", err)
 	}

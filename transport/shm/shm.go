@@ -12,6 +12,7 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -50,11 +51,24 @@ var deviceAttr = transport.DeviceAttr{
 }
 
 type device struct {
-	name string
-	mrs  *mrTableOwner
+	name      string
+	mrs       *mrTableOwner
+	data, ctl *pool // where its memory, QP rings and CQ headers are carved
 
-	mu     sync.Mutex
-	closed bool
+	// Per peer process (peers.go): a device opened by Open has one
+	// child device per peer process its connections go to, with an MR
+	// table and arenas of its own, so that what a peer process is handed
+	// (the table, the arenas it maps) holds only its own connections'
+	// data. parent is nil for a device opened by Open; peer names the
+	// child's peer process.
+	parent *device
+	peer   peerID
+	pds    atomic.Int32 // PDs open, for dropping an unused child
+	cqs    atomic.Int32
+
+	mu       sync.Mutex
+	closed   bool
+	children map[peerID]*device
 }
 
 var pdIDs atomic.Uint32
@@ -64,14 +78,14 @@ func openDevice(name string) (*device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: open device %s: %w", name, err)
 	}
-	return &device{name: name, mrs: t}, nil
+	return &device{name: name, mrs: t, data: dataPool, ctl: ctlPool}, nil
 }
 
 func (d *device) Name() string               { return d.name }
 func (d *device) Provider() string           { return ProviderName }
 func (d *device) Attr() transport.DeviceAttr { return deviceAttr }
 
-func (d *device) AllocMemory(size int) ([]byte, error) { return allocMemory(size) }
+func (d *device) AllocMemory(size int) ([]byte, error) { return allocMemory(d.data, size) }
 func (d *device) FreeMemory(mem []byte) error          { return freeMemory(mem) }
 
 func (d *device) AllocPD() (transport.PD, error) {
@@ -82,6 +96,7 @@ func (d *device) AllocPD() (transport.PD, error) {
 	}
 	p := &pd{dev: d, id: pdIDs.Add(1)}
 	pdRegistry.add(p)
+	d.pds.Add(1)
 	return p, nil
 }
 
@@ -89,7 +104,11 @@ func (d *device) CreateCQ(entries int) (transport.CQ, error) {
 	if entries <= 0 || entries > deviceAttr.MaxCQE {
 		return nil, fmt.Errorf("shm: create CQ of %d entries: %w (1..%d)", entries, transport.ErrInvalidWR, deviceAttr.MaxCQE)
 	}
-	return newCQ(entries)
+	c, err := newCQ(d, entries)
+	if err == nil {
+		d.cqs.Add(1)
+	}
+	return c, err
 }
 
 // Close releases the device's MR table. MRs and QPs should be closed first,
@@ -101,7 +120,19 @@ func (d *device) Close() error {
 		return nil
 	}
 	d.closed = true
+	var errs []error
+	for id, c := range d.children {
+		// A child still in use keeps its table and arenas: its peers map
+		// them (as with the parent's, which close releases regardless).
+		if c.idle() {
+			errs = append(errs, c.drop())
+			delete(d.children, id)
+		}
+	}
 	if err := d.mrs.close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shm: close device %s: %w", d.name, err)
 	}
 	return nil

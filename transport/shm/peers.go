@@ -1,0 +1,224 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// Isolation between peer processes. A peer maps the MR table of the
+// device its connection lives on and whole arenas of it (the receive
+// rings and CQ headers at connect time, data arenas once it holds a key
+// into them). If every connection of a process lived on one device, a
+// process that bypasses this package could read and write every other
+// connection's buffers in the arenas it was handed. So a device opened by
+// Open has a child device per peer process, with an MR table and arenas
+// of its own: conn makes a dialed connection's PD, CQ and memory on the
+// child for the listener's process (Router.DeviceFor, which connects the
+// socket first to learn who listens), and an accepted one's on the child
+// for the dialer's process (RequestDevice). Many connections to one peer
+// process share its child, so they still cost few descriptors and
+// mappings; two peer processes never see each other's bytes, as two
+// clients of a TCP server never do.
+
+// peerID names a peer process: its pid and its start time (so that a
+// reused pid is another peer). pid 0 is a peer whose pid the kernel does
+// not show us (another PID namespace): such peers share one child, keyed
+// by uid.
+type peerID struct {
+	pid   int
+	start uint64
+	uid   int
+}
+
+func (p peerID) String() string {
+	if p.pid == 0 {
+		return "uid" + strconv.Itoa(p.uid)
+	}
+	return "pid" + strconv.Itoa(p.pid)
+}
+
+// peerOf asks the kernel who is at the other end of c.
+func peerOf(c *net.UnixConn) (peerID, error) {
+	cred, err := peerCred(c)
+	if err != nil {
+		return peerID{}, fmt.Errorf("shm: who is the peer: %w", err)
+	}
+	id := peerID{pid: int(cred.Pid), uid: int(cred.Uid)}
+	if id.pid != 0 {
+		id.start = startTime(id.pid)
+	}
+	return id, nil
+}
+
+// startTime is field 22 of /proc/PID/stat, 0 when unreadable.
+func startTime(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := bytes.Fields(b[i+1:]) // field 3 on
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(string(f[19]), 10, 64)
+	return n
+}
+
+// alive reports whether the peer process still runs.
+func (p peerID) alive() bool {
+	return p.pid == 0 || startTime(p.pid) == p.start && p.start != 0
+}
+
+// child returns the device for connections to peer, creating it; idle
+// children of peers that exited are dropped on the way.
+func (d *device) child(peer peerID) (*device, error) {
+	if d.parent != nil {
+		return d.parent.child(peer)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, fmt.Errorf("shm: device %s closed: %w", d.name, net.ErrClosed)
+	}
+	if c := d.children[peer]; c != nil {
+		return c, nil
+	}
+	for id, c := range d.children {
+		if !id.alive() && c.idle() {
+			c.drop()
+			delete(d.children, id)
+		}
+	}
+	t, err := newMRTable()
+	if err != nil {
+		return nil, fmt.Errorf("shm: device for peer %v: %w", peer, err)
+	}
+	c := &device{
+		name: d.name + "/" + peer.String(), mrs: t, parent: d, peer: peer,
+		data: &pool{name: dataPool.name}, ctl: &pool{name: ctlPool.name},
+	}
+	if d.children == nil {
+		d.children = map[peerID]*device{}
+	}
+	d.children[peer] = c
+	return c, nil
+}
+
+// idle: nothing of the child is in use (no PD, CQ, memory, QP ring).
+func (d *device) idle() bool {
+	if d.pds.Load() != 0 || d.cqs.Load() != 0 {
+		return false
+	}
+	allocs.Lock()
+	defer allocs.Unlock()
+	return d.data.empty() && d.ctl.empty()
+}
+
+// drop releases an idle child's MR table and arenas.
+func (d *device) drop() error {
+	allocs.Lock()
+	err := errors.Join(d.data.drop(), d.ctl.drop())
+	allocs.Unlock()
+	return errors.Join(err, d.mrs.close())
+}
+
+// DeviceFor implements transport.Router: it connects to the listener of
+// addr now and returns the device of that listener's process, on which
+// the connection's PD, CQ and memory are to be made; its Connect uses
+// the socket already connected. It is for one dial.
+func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, error) {
+	ip, port, c, err := dialAddr(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	peer, err := peerOf(c)
+	if err == nil && sameProcess(c) {
+		peer = peerID{pid: os.Getpid(), start: startTime(os.Getpid())}
+	}
+	var child *device
+	if err == nil {
+		child, err = d.child(peer)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	h := &preDialed{c: c}
+	dd := &dialDevice{device: child, pre: h, addr: addr, ip: ip, port: port}
+	// A dial given up before Connect leaves its socket to the collector.
+	runtime.AddCleanup(dd, func(h *preDialed) {
+		if c := h.take(); c != nil {
+			c.Close()
+		}
+	}, h)
+	return dd, nil
+}
+
+// preDialed is a socket connected by DeviceFor, taken once by Connect.
+type preDialed struct {
+	c     *net.UnixConn
+	taken atomic.Bool
+}
+
+func (h *preDialed) take() *net.UnixConn {
+	if h.taken.Swap(true) {
+		return nil
+	}
+	return h.c
+}
+
+// dialDevice is the device DeviceFor returns: the peer process's device,
+// with the socket to its listener already connected.
+type dialDevice struct {
+	*device
+	pre  *preDialed
+	addr string
+	ip   netip.Addr
+	port int
+}
+
+func (dd *dialDevice) Connect(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+	if len(private) > maxPrivate {
+		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	}
+	c := dd.pre.take()
+	if c == nil || addr != dd.addr {
+		if c != nil {
+			c.Close()
+		}
+		return nil, fmt.Errorf("shm: connect to %s: this device was prepared for one dial to %s", addr, dd.addr)
+	}
+	return dd.device.connectOn(ctx, c, addr, dd.ip, dd.port, cfg, private)
+}
+
+// Device implements transport.RequestDevice: the device of the dialing
+// process.
+func (r *connReq) Device() transport.Device {
+	peer, err := peerOf(r.conn)
+	if err == nil && sameProcess(r.conn) {
+		peer = peerID{pid: os.Getpid(), start: startTime(os.Getpid())}
+	}
+	if err == nil {
+		if c, err := r.l.dev.child(peer); err == nil {
+			return c
+		}
+	}
+	// Without a device of its own the request is answered from the
+	// listener's; Accept then refuses a PD of another device.
+	return r.l.dev
+}
