@@ -252,7 +252,13 @@ func (l *listener) handshake(c *net.UnixConn) {
 		c.Close()
 		return
 	}
-	if err := l.checkPeer(c); err != nil {
+	cred, err := peerCred(c)
+	if err == nil {
+		err = l.checkPeer(cred)
+	} else {
+		err = fmt.Errorf("cannot tell who the peer is: %w", err)
+	}
+	if err != nil {
 		// Refused before anything of ours is handed over: the reject
 		// carries the reason, no descriptor.
 		closeFDs(fds)
@@ -270,7 +276,7 @@ func (l *listener) handshake(c *net.UnixConn) {
 	l.mu.Unlock()
 	handedOver = true
 	c.SetReadDeadline(time.Time{})
-	r := &connReq{l: l, conn: c, info: info, fds: fds}
+	r := &connReq{l: l, conn: c, info: info, fds: fds, cred: cred}
 	select {
 	case l.reqs <- r:
 	case <-l.done:
@@ -313,11 +319,7 @@ func (l *listener) SetPeerCheck(check func(pid, uid, gid int) error) {
 
 // checkPeer asks the kernel who is at the other end of c and applies the
 // listener's check; without one, only this process's user is admitted.
-func (l *listener) checkPeer(c *net.UnixConn) error {
-	cred, err := peerCred(c)
-	if err != nil {
-		return fmt.Errorf("cannot tell who the peer is: %w", err)
-	}
+func (l *listener) checkPeer(cred *unix.Ucred) error {
 	l.mu.Lock()
 	check := l.peerCheck
 	l.mu.Unlock()
@@ -360,6 +362,7 @@ type connReq struct {
 	conn *net.UnixConn
 	info qpInfo
 	fds  []int
+	cred *unix.Ucred // the dialer, by the kernel's word
 	used atomic.Bool
 }
 
@@ -413,7 +416,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		q.Close()
 		return nil, fmt.Errorf("shm: accept from %v: %w", r.RemoteAddr(), err)
 	}
-	p, err := newPeer(r.info, r.fds, sameProcess(r.conn))
+	p, err := newPeer(r.info, r.fds, int(r.cred.Pid) == os.Getpid())
 	if err != nil {
 		return fail(err)
 	}

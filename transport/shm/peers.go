@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -47,17 +49,14 @@ func (p peerID) String() string {
 	return "pid" + strconv.Itoa(p.pid)
 }
 
-// peerOf asks the kernel who is at the other end of c.
-func peerOf(c *net.UnixConn) (peerID, error) {
-	cred, err := peerCred(c)
-	if err != nil {
-		return peerID{}, fmt.Errorf("shm: who is the peer: %w", err)
-	}
+// peerOf names the process the kernel says is at the other end of a
+// socket (SO_PEERCRED).
+func peerOf(cred *unix.Ucred) peerID {
 	id := peerID{pid: int(cred.Pid), uid: int(cred.Uid)}
 	if id.pid != 0 {
 		id.start = startTime(id.pid)
 	}
-	return id, nil
+	return id
 }
 
 // startTime is field 22 of /proc/PID/stat, 0 when unreadable.
@@ -146,17 +145,14 @@ func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, 
 	if err != nil {
 		return nil, err
 	}
-	peer, err := peerOf(c)
-	if err == nil && sameProcess(c) {
-		peer = peerID{pid: os.Getpid(), start: startTime(os.Getpid())}
-	}
+	cred, err := peerCred(c)
 	var child *device
 	if err == nil {
-		child, err = d.child(peer)
+		child, err = d.child(peerOf(cred))
 	}
 	if err != nil {
 		c.Close()
-		return nil, err
+		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
 	h := &preDialed{c: c}
 	dd := &dialDevice{device: child, pre: h, addr: addr, ip: ip, port: port}
@@ -209,14 +205,8 @@ func (dd *dialDevice) Connect(ctx context.Context, addr string, cfg transport.QP
 // Device implements transport.RequestDevice: the device of the dialing
 // process.
 func (r *connReq) Device() transport.Device {
-	peer, err := peerOf(r.conn)
-	if err == nil && sameProcess(r.conn) {
-		peer = peerID{pid: os.Getpid(), start: startTime(os.Getpid())}
-	}
-	if err == nil {
-		if c, err := r.l.dev.child(peer); err == nil {
-			return c
-		}
+	if c, err := r.l.dev.child(peerOf(r.cred)); err == nil {
+		return c
 	}
 	// Without a device of its own the request is answered from the
 	// listener's; Accept then refuses a PD of another device.
