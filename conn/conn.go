@@ -117,6 +117,7 @@ type Conn struct {
 	// a record that took a credit after it: the receiver holds the writer
 	// to keeping its last credit for records (receivedLocked).
 	posting, recordWaits bool
+	discarding           bool // closed: what arrives is dropped (discardLocked)
 	enl                  enlargement
 	rdv                  rendezvous
 	// lifecycle
@@ -515,6 +516,25 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	return n, nil
 }
 
+// discardLocked drops everything received and not read, after Close,
+// and has everything that arrives later dropped on arrival: the slots are
+// freed and their credits returned at once.
+func (c *Conn) discardLocked() {
+	c.discarding = true
+	for _, e := range c.recvQ {
+		if e.ring == rdvRing || e.spill != nil {
+			continue
+		}
+		r := &c.rx[e.ring]
+		r.consume(int(e.slot))
+		r.urgent = true
+	}
+	c.recvQ, c.readOff, c.spilled = nil, 0, 0
+	c.rdv.in = nil // adverts we will not fetch; the peer knows (kindClose)
+	c.returnCreditsLocked()
+	c.maybeFreeSmallLocked()
+}
+
 // isClosed lets calls after Close fail at once instead of queueing behind
 // a teardown that holds c.wmu while it delivers in the background.
 func (c *Conn) isClosed() bool { return c.closedFast.Load() }
@@ -663,6 +683,14 @@ func (c *Conn) Close() error {
 // maybe in another goroutine) and released on return.
 func (c *Conn) teardown(deadline time.Time) {
 	defer c.wmu.Unlock()
+	// Readers have seen closed and left (later ones leave at once): what
+	// the peer sent is nobody's any more. Its slots go back, so that the
+	// peer can still send the read requests that fetch what we wrote.
+	c.rmu.Lock()
+	c.mu.Lock()
+	c.discardLocked()
+	c.mu.Unlock()
+	c.rmu.Unlock()
 	c.mu.Lock()
 	for c.err == nil && !c.drainedLocked() && time.Now().Before(deadline) {
 		c.waitLocked(c.changed, deadline)

@@ -260,6 +260,13 @@ func (c *Conn) receivedLocked(imm uint32) error {
 		if returned := r.released - uint64(r.freed); r.arrived-returned >= uint64(r.count) {
 			return fmt.Errorf("%w: data message into the last credit of ring %d, kept for control records", errProtocol, kind)
 		}
+		if c.discarding {
+			// Closed: nobody reads it; the slot goes back at once.
+			r.consume(slot)
+			r.urgent = true
+			c.returnCreditsLocked()
+			return nil
+		}
 		c.recvQ = append(c.recvQ, entry{ring: uint8(kind - kindSmall), slot: int32(slot), n: int32(n)})
 		if kind == kindLarge {
 			c.maybeFreeSmallLocked()

@@ -156,6 +156,9 @@ func (c *Conn) writeRendezvous(b []byte) (int, error) {
 
 // advertLocked queues a message the peer holds for us (poller).
 func (c *Conn) advertLocked(r record) error {
+	if c.discarding {
+		return nil // closed: the peer knows we fetch nothing more
+	}
 	if c.eofIn {
 		return fmt.Errorf("%w: rendezvous advert after end of stream", errProtocol)
 	}
