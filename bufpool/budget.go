@@ -85,6 +85,9 @@ func (b *Budget) reserve(n int64) error {
 
 func (b *Budget) release(n int64) { b.used.Add(-n) }
 
+// force charges n bytes whatever the limit (GetOverdraft).
+func (b *Budget) force(n int64) { b.used.Add(n) }
+
 func (b *Budget) join(p *Pool) {
 	b.mu.Lock()
 	if b.pools == nil {

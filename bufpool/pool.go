@@ -69,6 +69,7 @@ type Stats struct {
 	DoubleReleases                 uint64 // Release/Discard of a buffer already given back: a caller bug
 	BudgetTrims                    uint64 // free buffers deregistered to make room under the budget
 	Reclaims                       uint64 // Gets served after other pools of the budget gave back free buffers
+	Overdrafts                     uint64 // GetOverdraft buffers charged beyond the budget's limit
 	ReleaseErrors                  uint64 // deregistration or free failures on Release (see Close's error)
 }
 
@@ -105,7 +106,7 @@ type Pool struct {
 	maxFree  int
 	onReg    func(int, time.Duration, error)
 
-	regs, deregs, reuses, regNanos, doubles, trims, relErrs, reclaims atomic.Uint64
+	regs, deregs, reuses, regNanos, doubles, trims, relErrs, reclaims, overdrafts atomic.Uint64
 
 	// pending counts registrations running outside mu, so that Close can
 	// wait for them instead of leaking what they register.
@@ -177,6 +178,25 @@ func (p *Pool) Budget() *Budget { return p.budget }
 // same class and access is reused when there is one; otherwise new memory
 // is allocated and registered, charged to the budget first.
 func (p *Pool) Get(owner Owner, size int, access transport.Access) (*Buffer, error) {
+	return p.get(owner, size, access, false)
+}
+
+// GetOverdraft is Get for a buffer of at most the smallest class that,
+// when the budget has no room even after trimming and reclaiming, is
+// charged beyond the limit instead of refused. It is for the one buffer
+// without which a holder of memory cannot progress (conn: the reader of
+// a rendezvous transfer, whose peer releases its source only once it is
+// read), so that a full budget slows a stream rather than deadlocks it.
+// What it lets through is bounded by its callers: one smallest-class
+// buffer each. Stats().Overdrafts counts them.
+func (p *Pool) GetOverdraft(owner Owner, size int, access transport.Access) (*Buffer, error) {
+	if size > p.minSize {
+		return nil, fmt.Errorf("bufpool: overdraft of %d bytes: at most the smallest class, %d", size, p.minSize)
+	}
+	return p.get(owner, size, access, true)
+}
+
+func (p *Pool) get(owner Owner, size int, access transport.Access, overdraft bool) (*Buffer, error) {
 	class, csize, err := p.classOf(size)
 	if err != nil {
 		return nil, err
@@ -210,6 +230,12 @@ func (p *Pool) Get(owner Owner, size int, access transport.Access) (*Buffer, err
 		p.reclaims.Add(1)
 		r, err = p.register(key, csize)
 	}
+	if errors.Is(err, ErrBudget) && overdraft {
+		p.budget.force(int64(csize))
+		if r, err = p.registerCharged(key, csize); err == nil {
+			p.overdrafts.Add(1)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("bufpool: get %d bytes (class %d) for owner %d: %w", size, csize, owner, err)
 	}
@@ -229,6 +255,12 @@ func (p *Pool) register(key freeKey, size int) (*region, error) {
 	if err := p.budget.reserve(int64(size)); err != nil {
 		return nil, err
 	}
+	return p.registerCharged(key, size)
+}
+
+// registerCharged allocates and registers a region already charged to
+// the budget; on failure it gives the charge back.
+func (p *Pool) registerCharged(key freeKey, size int) (*region, error) {
 	mem, err := p.dev.AllocMemory(size)
 	if err != nil {
 		p.budget.release(int64(size))
@@ -384,6 +416,7 @@ func (p *Pool) Stats() Stats {
 	s.DoubleReleases = p.doubles.Load()
 	s.BudgetTrims = p.trims.Load()
 	s.Reclaims = p.reclaims.Load()
+	s.Overdrafts = p.overdrafts.Load()
 	s.ReleaseErrors = p.relErrs.Load()
 	return s
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"os"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
@@ -258,72 +256,48 @@ func (c *Conn) readEndLocked(seq int) error {
 }
 
 // minRdvRequest is the smallest read request a reader short of
-// registered memory falls back to.
-const minRdvRequest = 4 << 10
-
-// waitEnded is why a reader stopped waiting for registered memory (its
-// deadline, Close): the connection itself is fine.
-type waitEnded struct{ err error }
-
-func (w waitEnded) Error() string {
-	return "conn: stopped waiting for registered memory: " + w.err.Error()
-}
-func (w waitEnded) Unwrap() error { return w.err }
+// registered memory falls back to: the pool's smallest class.
+const minRdvRequest = bufpool.DefaultMinSize
 
 // rendezvousDest gets registered memory for a read request of up to k
 // bytes, called with c.rmu held and c.mu not. Under budget pressure it
 // asks for less, halving down to minRdvRequest (a read request may name
-// any part of an advert), and when not even that fits it waits for
-// memory to come back (other connections' transfers end, idle pools give
-// theirs back), as a TCP reader waits for data: a budget shortage slows
-// a stream down, it never breaks it. It returns the buffer and the bytes
-// to ask for.
+// any part of an advert). When not even that fits, it takes one page
+// beyond the budget (bufpool's GetOverdraft): waiting instead could wait
+// forever, for the budget may be full of the very source the peer holds
+// for us (both ends in one process), or of memory held as long as this
+// stream is stuck. A budget shortage slows a stream down to a page per
+// round trip; it never breaks it. It returns the buffer and the bytes to
+// ask for.
 func (c *Conn) rendezvousDest(k int) (*bufpool.Buffer, int, error) {
 	const access = transport.AccessLocalWrite | transport.AccessRemoteWrite
-	backoff := time.Millisecond
-	for {
-		for n := k; ; n = max(n/2, minRdvRequest) {
-			dst, err := c.pool.Get(bufpool.Owner(c.id), n, access)
-			if err == nil {
-				if n < k {
-					c.mu.Lock()
-					c.st.RendezvousShortReads++
-					c.mu.Unlock()
-				}
-				return dst, n, nil
+	for n := k; ; n = max(n/2, minRdvRequest) {
+		dst, err := c.pool.Get(bufpool.Owner(c.id), n, access)
+		if err == nil {
+			if n < k {
+				c.mu.Lock()
+				c.st.RendezvousShortReads++
+				c.mu.Unlock()
 			}
-			if !errors.Is(err, bufpool.ErrBudget) {
-				return nil, n, err
-			}
-			if n <= minRdvRequest {
-				break
-			}
+			return dst, n, nil
 		}
-		c.mu.Lock()
-		c.st.BudgetWaits++
-		ch := c.changed
-		var err error
-		switch {
-		case c.closed:
-			err = net.ErrClosed
-		case c.err != nil:
-			err = c.err
-		case expired(c.rdl):
-			err = os.ErrDeadlineExceeded
+		if !errors.Is(err, bufpool.ErrBudget) {
+			return nil, n, err
 		}
-		if err != nil {
-			c.mu.Unlock()
-			return nil, k, waitEnded{err}
+		if n <= minRdvRequest {
+			break
 		}
-		c.mu.Unlock()
-		t := time.NewTimer(backoff)
-		select {
-		case <-ch: // Close, a deadline change, an error: look again
-		case <-t.C:
-		}
-		t.Stop()
-		backoff = min(2*backoff, 50*time.Millisecond)
 	}
+	n := min(k, minRdvRequest)
+	dst, err := c.pool.GetOverdraft(bufpool.Owner(c.id), n, access)
+	if err != nil {
+		return nil, n, err
+	}
+	c.mu.Lock()
+	c.st.RendezvousShortReads++
+	c.st.BudgetOverdrafts++
+	c.mu.Unlock()
+	return dst, n, nil
 }
 
 // readRendezvousLocked serves Read from the rendezvous message at the
@@ -343,9 +317,6 @@ func (c *Conn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
 		c.mu.Lock()
 		a = &c.rdv.in[0] // the poller may have grown the queue meanwhile
 		if gerr != nil {
-			if w, ok := gerr.(waitEnded); ok {
-				return 0, c.opErr("read", w.err), true
-			}
 			// No way to take the data: the stream cannot go on.
 			c.failLocked(fmt.Errorf("conn: rendezvous destination of %d bytes: %w", k, gerr))
 			return 0, c.opErr("read", c.err), true

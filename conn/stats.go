@@ -40,10 +40,10 @@ type Stats struct {
 	SpilledBytes uint64
 	// RendezvousShortReads: read requests made smaller than the advert
 	// part they could have asked for, because the registered-memory
-	// budget had no room for the whole; BudgetWaits: times a reader found
-	// no room even for the smallest request and waited for memory.
+	// budget had no room for the whole; BudgetOverdrafts: of those, the
+	// ones whose one page was taken beyond the budget (no room at all).
 	RendezvousShortReads uint64
-	BudgetWaits          uint64
+	BudgetOverdrafts     uint64
 	// SpillRefusals: spills not made because the copies held reached
 	// their bound (a peer refilling the ring behind a rendezvous message).
 	SpillRefusals     uint64
