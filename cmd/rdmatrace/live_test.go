@@ -94,6 +94,59 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 	}
 }
 
+// tmuxView runs cmdline in a detached tmux session of the given size and
+// returns a way to send it keys and to wait for text on its screen.
+type tmuxView struct {
+	t       *testing.T
+	session string
+}
+
+func startTmux(t *testing.T, name, cmdline string, width, height int) *tmuxView {
+	t.Helper()
+	v := &tmuxView{t: t, session: fmt.Sprintf("%s-%d", name, os.Getpid())}
+	v.run("new-session", "-d", "-s", v.session, "-x", fmt.Sprint(width), "-y", fmt.Sprint(height), cmdline)
+	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", v.session).Run() })
+	return v
+}
+
+func (v *tmuxView) run(args ...string) string {
+	v.t.Helper()
+	out, err := exec.Command("tmux", args...).CombinedOutput()
+	if err != nil {
+		v.t.Fatalf("tmux %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+func (v *tmuxView) keys(keys ...string) {
+	v.run(append([]string{"send-keys", "-t", v.session}, keys...)...)
+}
+
+func (v *tmuxView) screen() string { return v.run("capture-pane", "-p", "-t", v.session) }
+
+// has is a waitFor condition: the screen shows every one of subs.
+func (v *tmuxView) has(subs ...string) func() (bool, string) {
+	return func() (bool, string) {
+		s := v.screen()
+		for _, sub := range subs {
+			if !strings.Contains(s, sub) {
+				return false, s
+			}
+		}
+		return true, s
+	}
+}
+
+// buildStripped builds goreg with -ldflags='-s -w' beside goreg.
+func buildStripped(t *testing.T, goreg, name string) string {
+	t.Helper()
+	bin := filepath.Join(filepath.Dir(goreg), name)
+	if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", bin, "../../bpf/testdata/goreg").CombinedOutput(); err != nil {
+		t.Fatalf("build stripped goreg: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // The live view under tmux: rows appear with exact counts, and the keys
 // sort, filter and quit.
 func TestLiveViewTmux(t *testing.T) {
@@ -105,29 +158,9 @@ func TestLiveViewTmux(t *testing.T) {
 	g := startGoreg(t, goreg, "-g", "2", "-n", "150", "-fail", "2", "-enlarge", "3", "-size", "65536")
 	pid := g.cmd.Process.Pid
 
-	session := fmt.Sprintf("rdmatrace-test-%d", os.Getpid())
-	tmux := func(args ...string) string {
-		out, err := exec.Command("tmux", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("tmux %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
 	cmdline := fmt.Sprintf("%s --pid %d --go-package main --interval 200ms --no-verbs; sleep 30", rdmatrace, pid)
-	tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "45", cmdline)
-	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
-	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
-	has := func(subs ...string) func() (bool, string) {
-		return func() (bool, string) {
-			s := screen()
-			for _, sub := range subs {
-				if !strings.Contains(s, sub) {
-					return false, s
-				}
-			}
-			return true, s
-		}
-	}
+	v := startTmux(t, "rdmatrace-test", cmdline, 150, 45)
+	screen, has := v.screen, v.has
 	waitFor(t, "the view to start", 20*time.Second, has("probes: libibverbs 0, Go 3", "no registrations seen yet"))
 
 	g.round(t)
@@ -154,15 +187,15 @@ func TestLiveViewTmux(t *testing.T) {
 		t.Errorf("histogram header missing or wrong count")
 	}
 
-	tmux("send-keys", "-t", session, "s")
+	v.keys("s")
 	waitFor(t, "sort by regs", 5*time.Second, has("sort: regs ▼"))
-	tmux("send-keys", "-t", session, "r")
+	v.keys("r")
 	waitFor(t, "reverse sort", 5*time.Second, has("sort: regs ▲"))
-	tmux("send-keys", "-t", session, "/", "n", "o", "m", "a", "t", "c", "h", "Enter")
+	v.keys("/", "n", "o", "m", "a", "t", "c", "h", "Enter")
 	waitFor(t, "filter hiding the row", 5*time.Second, has("filter: nomatch", "no registrations seen yet"))
-	tmux("send-keys", "-t", session, "c")
+	v.keys("c")
 	waitFor(t, "filter cleared", 5*time.Second, has("filter: (none)", row))
-	tmux("send-keys", "-t", session, "q")
+	v.keys("q")
 	waitFor(t, "quit", 5*time.Second, func() (bool, string) {
 		s := screen()
 		return !strings.Contains(s, "rdmatrace — memory registration"), s
@@ -178,33 +211,10 @@ func TestLiveViewTmuxDiscovers(t *testing.T) {
 		t.Skip("skipping: tmux is not installed (scripts/deps.sh installs it)")
 	}
 	rdmatrace, goreg := build(t)
-	stripped := filepath.Join(filepath.Dir(goreg), "goreg-s")
-	if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", stripped, "../../bpf/testdata/goreg").CombinedOutput(); err != nil {
-		t.Fatalf("build stripped goreg: %v\n%s", err, out)
-	}
-	session := fmt.Sprintf("rdmatrace-disc-%d", os.Getpid())
-	tmux := func(args ...string) string {
-		out, err := exec.Command("tmux", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("tmux %v: %v\n%s", args, err, out)
-		}
-		return string(out)
-	}
+	stripped := buildStripped(t, goreg, "goreg-s")
 	cmdline := fmt.Sprintf("%s --go-package main --interval 200ms --no-verbs; sleep 30", rdmatrace)
-	tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmdline)
-	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
-	screen := func() string { return tmux("capture-pane", "-p", "-t", session) }
-	has := func(subs ...string) func() (bool, string) {
-		return func() (bool, string) {
-			s := screen()
-			for _, sub := range subs {
-				if !strings.Contains(s, sub) {
-					return false, s
-				}
-			}
-			return true, s
-		}
-	}
+	v := startTmux(t, "rdmatrace-disc", cmdline, 200, 50)
+	screen, has := v.screen, v.has
 	waitFor(t, "the view to start", 20*time.Second, has("watching every process: 0 rdmagrpc executables probed"))
 	g1 := startGoreg(t, goreg, "-g", "2", "-n", "40", "-enlarge", "1")
 	g2 := startGoreg(t, stripped, "-g", "1", "-n", "30", "-fail", "3", "-enlarge", "2")
@@ -230,12 +240,12 @@ func TestLiveViewTmuxDiscovers(t *testing.T) {
 	g2.stdin.Close()
 	g2.cmd.Wait()
 	waitFor(t, "the exited mark", 5*time.Second, has("goreg-s exited"))
-	tmux("send-keys", "-t", session, "x")
+	v.keys("x")
 	waitFor(t, "exited rows hidden", 5*time.Second, func() (bool, string) {
 		s := screen()
 		return !strings.Contains(s, "goreg-s") && strings.Contains(s, fmt.Sprintf("%7d  goreg", g1.cmd.Process.Pid)), s
 	})
-	tmux("send-keys", "-t", session, "q")
+	v.keys("q")
 }
 
 // --json --duration: one line per call, then exact per-process totals.
@@ -336,10 +346,7 @@ func TestHelp(t *testing.T) {
 func TestDiscoversNewProcesses(t *testing.T) {
 	requireRoot(t)
 	rdmatrace, goreg := build(t)
-	stripped := filepath.Join(filepath.Dir(goreg), "goreg-stripped")
-	if out, err := exec.Command("go", "build", "-ldflags=-s -w", "-o", stripped, "../../bpf/testdata/goreg").CombinedOutput(); err != nil {
-		t.Fatalf("build stripped goreg: %v\n%s", err, out)
-	}
+	stripped := buildStripped(t, goreg, "goreg-stripped")
 	cmd := exec.Command(rdmatrace, "--json", "--duration", "6s", "--go-package", "main", "--no-verbs")
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
