@@ -103,6 +103,11 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 	wcs := buf[:]
 	armed := false
 	var last time.Time // the last completion, zero before the first
+	// busy: a completion came since the queue was last armed. Only then
+	// is spinning worth it: a loop started with nothing to do (a new
+	// connection's first look, a kick that found nothing) arms at once
+	// instead of burning WithPollSpin of CPU on every set-up.
+	busy := false
 	for {
 		if c.pl.stop.Load() {
 			c.pollExit(done)
@@ -117,6 +122,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 		if n > 0 {
 			c.handle(wcs[:n])
 			armed = false
+			busy = true
 			last = time.Time{}
 			continue
 		}
@@ -125,7 +131,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			if last.IsZero() {
 				last = now
 			}
-			if now.Sub(last) < c.o.pollSpin {
+			if busy && now.Sub(last) < c.o.pollSpin {
 				runtime.Gosched()
 				continue
 			}
@@ -134,7 +140,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 				c.stopLoopOnError(done)
 				return
 			}
-			armed = true
+			armed, busy = true, false
 			continue // a completion may have landed before arming
 		}
 		if notified {
