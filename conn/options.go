@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
@@ -156,8 +157,9 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // error saying so.
 func WithBacklog(n int) Option { return func(o *options) { o.backlog = n } }
 
-// defaultBacklog reads net.core.somaxconn as Go's net package does.
-func defaultBacklog() int {
+// defaultBacklog reads net.core.somaxconn as Go's net package does, once:
+// every Dial and Listen applies the defaults.
+var defaultBacklog = sync.OnceValue(func() int {
 	const fallback, most = 4096, 4096
 	b, err := os.ReadFile("/proc/sys/net/core/somaxconn")
 	if err != nil {
@@ -168,7 +170,7 @@ func defaultBacklog() int {
 		return fallback
 	}
 	return min(n, most)
-}
+})
 
 // WithPeerCheck decides which local processes a Listener admits, from
 // their credentials as the kernel gives them (SO_PEERCRED): an error
