@@ -132,7 +132,7 @@ func (l *Listener) acceptLoop() {
 		default:
 			// Full: refuse now, so the dialer learns it at once rather
 			// than at its time-out, and nothing is set up for it.
-			req.Reject(backlogFullReason())
+			req.Reject(backlogFullMagic)
 			continue
 		}
 		l.wg.Add(1)
@@ -221,7 +221,5 @@ var errBacklogFull = errors.New("conn: the listener's accept backlog is full (it
 
 // A refusal for a full backlog carries this reason in its private data.
 var backlogFullMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'b', 'l', 'o', 'g'}
-
-func backlogFullReason() []byte { return backlogFullMagic }
 
 func isBacklogFull(private []byte) bool { return bytes.HasPrefix(private, backlogFullMagic) }
