@@ -112,13 +112,11 @@ func bindable(ip netip.Addr) error {
 		family = unix.AF_INET6
 		s6 := &unix.SockaddrInet6{Addr: ip.As16()}
 		if z := ip.Zone(); z != "" {
-			if ifi, err := net.InterfaceByName(z); err == nil {
-				s6.ZoneId = uint32(ifi.Index)
-			} else if n, err := strconv.Atoi(z); err == nil && n > 0 {
-				s6.ZoneId = uint32(n)
-			} else {
-				return fmt.Errorf("unknown IPv6 zone %q: %w", z, syscall.EADDRNOTAVAIL)
+			idx, err := transport.ZoneIndex(z)
+			if err != nil {
+				return err
 			}
+			s6.ZoneId = uint32(idx)
 		}
 		sa = s6
 	}

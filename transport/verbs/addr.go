@@ -12,6 +12,8 @@ import (
 	"net/netip"
 	"strconv"
 	"syscall"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 func toShimAddr(ap netip.AddrPort) (C.struct_shim_addr, error) {
@@ -32,25 +34,13 @@ func toShimAddr(ap netip.AddrPort) (C.struct_shim_addr, error) {
 		a.ip[i] = C.uint8_t(b[i])
 	}
 	if z := ip.Zone(); z != "" {
-		idx, err := zoneIndex(z)
+		idx, err := transport.ZoneIndex(z)
 		if err != nil {
 			return a, fmt.Errorf("verbs: address %v: %w", ap, err)
 		}
 		a.scope_id = C.uint32_t(idx)
 	}
 	return a, nil
-}
-
-// zoneIndex turns an IPv6 zone (an interface name, or its index as
-// net.ParseIP's callers write it) into the scope id of sockaddr_in6.
-func zoneIndex(zone string) (int, error) {
-	if ifi, err := net.InterfaceByName(zone); err == nil {
-		return ifi.Index, nil
-	}
-	if n, err := strconv.Atoi(zone); err == nil && n > 0 {
-		return n, nil
-	}
-	return 0, fmt.Errorf("unknown IPv6 zone %q: no such interface", zone)
 }
 
 // fromShimAddr returns a *net.TCPAddr: rdma_cm's RDMA_PS_TCP port space

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/netip"
-	"strconv"
 	"syscall"
 	"testing"
 )
@@ -40,24 +38,5 @@ func TestResolveHostPort(t *testing.T) {
 	}
 	if _, err := resolveHostPort(ctx, "no-such-host.invalid:7000", true); !errors.Is(err, syscall.EADDRNOTAVAIL) {
 		t.Errorf("listening on an unknown name: %v, want EADDRNOTAVAIL", err)
-	}
-}
-
-func TestZoneIndex(t *testing.T) {
-	lo, err := net.InterfaceByIndex(1)
-	if err != nil {
-		t.Skipf("no interface 1: %v", err)
-	}
-	for _, z := range []string{lo.Name, "1"} {
-		if n, err := zoneIndex(z); err != nil || n != 1 {
-			t.Errorf("zoneIndex(%q) = %d, %v; want 1", z, n, err)
-		}
-	}
-	if _, err := zoneIndex("no-such-if0"); err == nil {
-		t.Error("zoneIndex of an unknown interface succeeded")
-	}
-	ap := netip.MustParseAddrPort("[fe80::1%" + strconv.Itoa(1) + "]:1")
-	if ap.Addr().Zone() != "1" {
-		t.Fatalf("zone lost in parsing: %v", ap)
 	}
 }
