@@ -4,8 +4,6 @@ package verbs
 import "C"
 
 import (
-	"errors"
-	"log"
 	"sync"
 )
 
@@ -62,26 +60,16 @@ func (r *asyncReader) release() {
 func (r *asyncReader) serve() {
 	defer close(r.done)
 	var ev C.struct_shim_async
-	for {
-		rc, err := r.poll.read(func() C.int { return C.shim_get_async_event(r.ctx, &ev) })
-		if err != nil {
+	r.poll.serve("ibv_get_async_event", func() C.int { return C.shim_get_async_event(r.ctx, &ev) }, func() {
+		if ev.event != C.IBV_EVENT_CQ_ERR {
 			return
 		}
-		if rc != 0 {
-			if errors.Is(errnoErr(rc), errInterrupted) {
-				continue
-			}
-			log.Printf("verbs: ibv_get_async_event: %v; async event loop stops", errnoErr(rc))
-			return
+		cqMu.Lock()
+		c := cqs[uint64(ev.cq_handle)]
+		cqMu.Unlock()
+		if c != nil {
+			c.overflow.Store(true)
+			c.kick()
 		}
-		if ev.event == C.IBV_EVENT_CQ_ERR {
-			cqMu.Lock()
-			c := cqs[uint64(ev.cq_handle)]
-			cqMu.Unlock()
-			if c != nil {
-				c.overflow.Store(true)
-				c.kick()
-			}
-		}
-	}
+	})
 }

@@ -4,9 +4,7 @@ package verbs
 import "C"
 
 import (
-	"errors"
 	"fmt"
-	"log"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -114,20 +112,7 @@ func (c *cmChannel) endpoints() []endpoint {
 func (c *cmChannel) serve() {
 	defer close(c.done)
 	var ev C.struct_shim_event
-	for {
-		rc, err := c.poll.read(func() C.int { return C.shim_get_cm_event(c.ch, &ev) })
-		if err != nil {
-			return // closed by cmChannel.close
-		}
-		if rc != 0 {
-			if errors.Is(errnoErr(rc), errInterrupted) {
-				continue
-			}
-			log.Printf("verbs: rdma_get_cm_event: %v; rdma_cm event loop stops", errnoErr(rc))
-			return
-		}
-		c.dispatch(&ev)
-	}
+	c.poll.serve("rdma_get_cm_event", func() C.int { return C.shim_get_cm_event(c.ch, &ev) }, func() { c.dispatch(&ev) })
 }
 
 func (c *cmChannel) dispatch(ev *C.struct_shim_event) {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -219,25 +218,14 @@ func (cc *compChannel) serve() {
 	defer close(cc.done)
 	var q *C.struct_ibv_cq
 	var h C.uint64_t
-	for {
-		rc, err := cc.poll.read(func() C.int { return C.shim_get_cq_event_of(cc.ch, &q, &h) })
-		if err != nil {
-			return // closed by compChannel.close
-		}
-		if rc != 0 {
-			if errors.Is(errnoErr(rc), errInterrupted) {
-				continue
-			}
-			log.Printf("verbs: ibv_get_cq_event: %v; completion events stop", errnoErr(rc))
-			return
-		}
+	cc.poll.serve("ibv_get_cq_event", func() C.int { return C.shim_get_cq_event_of(cc.ch, &q, &h) }, func() {
 		cqMu.Lock()
 		c := cqs[uint64(h)]
 		if c == nil {
 			// Being destroyed: its Close waits for this acknowledgement.
 			C.shim_ack_cq_events(q, 1)
 			cqMu.Unlock()
-			continue
+			return
 		}
 		if c.unacked++; c.unacked >= ackBatch {
 			C.shim_ack_cq_events(c.cq, C.uint(c.unacked))
@@ -245,7 +233,7 @@ func (cc *compChannel) serve() {
 		}
 		cqMu.Unlock()
 		c.signal()
-	}
+	})
 }
 
 // close stops the goroutine and destroys the channel; every CQ on it must

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"os"
 	"syscall"
 	"time"
@@ -51,6 +52,27 @@ func (p *pollFD) read(try func() C.int) (C.int, error) {
 		return rc != C.EAGAIN
 	})
 	return rc, err
+}
+
+// serve is the body of the goroutines that read a library's event
+// channel: it calls try until the descriptor is closed and handle after
+// every event try took; EINTR is tried again, any other error ends the
+// loop, logged under what.
+func (p *pollFD) serve(what string, try func() C.int, handle func()) {
+	for {
+		rc, err := p.read(try)
+		if err != nil {
+			return // closed by the channel's owner
+		}
+		if rc != 0 {
+			if errors.Is(errnoErr(rc), errInterrupted) {
+				continue
+			}
+			log.Printf("verbs: %s: %v; its event loop stops", what, errnoErr(rc))
+			return
+		}
+		handle()
+	}
 }
 
 // aLongTimeAgo is a deadline in the past: setting it wakes a blocked read.
