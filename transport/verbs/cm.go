@@ -29,7 +29,7 @@ type cmEvent struct {
 }
 
 func (e cmEvent) String() string {
-	return fmt.Sprintf("%s (status %d)", C.GoString(C.rdma_event_str(uint32(e.kind))), e.status)
+	return fmt.Sprintf("%s (status %d)", C.GoString(C.shim_rdma_event_str(C.int(e.kind))), e.status)
 }
 
 // endpoint receives the events of one rdma_cm id. onEvent runs on the
@@ -52,13 +52,13 @@ type cmChannel struct {
 }
 
 func newCMChannel() (*cmChannel, error) {
-	ch, err := C.rdma_create_event_channel()
+	ch, err := C.shim_rdma_create_event_channel()
 	if ch == nil {
 		return nil, unusable("rdma_create_event_channel: %v (no rdma_cm: is rdma_ucm loaded?)", errnoNow(err))
 	}
 	p, err := newPollFD(C.shim_cm_channel_fd(ch), "rdma_cm")
 	if err != nil {
-		C.rdma_destroy_event_channel(ch)
+		C.shim_rdma_destroy_event_channel(ch)
 		return nil, err
 	}
 	c := &cmChannel{ch: ch, poll: p, done: make(chan struct{}), eps: map[uint64]endpoint{}}
@@ -130,8 +130,8 @@ func (c *cmChannel) dispatch(ev *C.struct_shim_event) {
 			return
 		}
 		// The listener was closed while this request was queued.
-		C.rdma_reject(e.id, nil, 0)
-		C.rdma_destroy_id(e.id)
+		C.shim_rdma_reject(e.id, nil, 0)
+		C.shim_rdma_destroy_id(e.id)
 		return
 	}
 	if ep := c.lookup(uint64(ev.handle)); ep != nil {
@@ -144,6 +144,6 @@ func (c *cmChannel) dispatch(ev *C.struct_shim_event) {
 func (c *cmChannel) close() error {
 	err := c.poll.close()
 	<-c.done
-	C.rdma_destroy_event_channel(c.ch)
+	C.shim_rdma_destroy_event_channel(c.ch)
 	return err
 }

@@ -59,7 +59,7 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 	if err := q.expect(ctx, addr, C.RDMA_CM_EVENT_ADDR_RESOLVED); err != nil {
 		return err
 	}
-	if rc, err := C.rdma_resolve_route(q.id, ms); rc != 0 {
+	if rc, err := C.shim_rdma_resolve_route(q.id, ms); rc != 0 {
 		return fmt.Errorf("verbs: connect %s: rdma_resolve_route: %w", addr, errnoNow(err))
 	}
 	if err := q.expect(ctx, addr, C.RDMA_CM_EVENT_ROUTE_RESOLVED); err != nil {
@@ -102,7 +102,7 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 	if err := q.moveTo(C.IBV_QPS_RTS); err != nil {
 		return err
 	}
-	if rc, err := C.rdma_establish(q.id); rc != 0 {
+	if rc, err := C.shim_rdma_establish(q.id); rc != 0 {
 		return fmt.Errorf("verbs: connect %s: rdma_establish: %w", addr, errnoNow(err))
 	}
 	q.established()

@@ -180,7 +180,7 @@ func (c *cq) Close() error {
 	if n > 0 {
 		C.shim_ack_cq_events(c.cq, C.uint(n))
 	}
-	if rc := C.ibv_destroy_cq(c.cq); rc != 0 {
+	if rc := C.shim_ibv_destroy_cq(c.cq); rc != 0 {
 		cqMu.Lock()
 		cqs[c.handle] = c // still usable
 		cqMu.Unlock()
@@ -199,13 +199,13 @@ type compChannel struct {
 }
 
 func newCompChannel(d *device) (*compChannel, error) {
-	ch, err := C.ibv_create_comp_channel(d.ctx)
+	ch, err := C.shim_ibv_create_comp_channel(d.ctx)
 	if ch == nil {
 		return nil, fmt.Errorf("verbs: ibv_create_comp_channel: %w", errnoNow(err))
 	}
 	p, err := newPollFD(C.shim_comp_channel_fd(ch), "ibv_comp_channel")
 	if err != nil {
-		C.ibv_destroy_comp_channel(ch)
+		C.shim_ibv_destroy_comp_channel(ch)
 		return nil, err
 	}
 	cc := &compChannel{ch: ch, poll: p, done: make(chan struct{})}
@@ -241,7 +241,7 @@ func (cc *compChannel) serve() {
 func (cc *compChannel) close() error {
 	err := cc.poll.close()
 	<-cc.done
-	if rc := C.ibv_destroy_comp_channel(cc.ch); rc != 0 {
+	if rc := C.shim_ibv_destroy_comp_channel(cc.ch); rc != 0 {
 		return errors.Join(err, opErr("ibv_destroy_comp_channel", rc))
 	}
 	return err

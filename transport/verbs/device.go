@@ -56,7 +56,7 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 	}
 	if p.state != C.IBV_PORT_ACTIVE {
 		return nil, unusable("port %d of %s is %s, not ACTIVE (link down, or Soft-RoCE netdev down)",
-			port, d.name, C.GoString(C.ibv_port_state_str(uint32(p.state))))
+			port, d.name, C.GoString(C.shim_ibv_port_state_str(p.state)))
 	}
 	d.attr = transport.DeviceAttr{
 		MaxQPWR:     int(a.max_qp_wr),
@@ -103,7 +103,7 @@ func (d *device) AllocPD() (transport.PD, error) {
 	if err := d.checkOpen(); err != nil {
 		return nil, err
 	}
-	p, err := C.ibv_alloc_pd(d.ctx)
+	p, err := C.shim_ibv_alloc_pd(d.ctx)
 	if p == nil {
 		return nil, fmt.Errorf("verbs: ibv_alloc_pd on %s: %w", d.name, errnoNow(err))
 	}
@@ -177,7 +177,7 @@ func (d *device) sibling(v *C.struct_ibv_context) (*device, error) {
 		return s, nil
 	}
 	var n C.int
-	list, err := C.rdma_get_devices(&n)
+	list, err := C.shim_rdma_get_devices(&n)
 	if list == nil {
 		return nil, fmt.Errorf("verbs: open device %s: rdma_get_devices: %w", name, errnoNow(err))
 	}
@@ -185,7 +185,7 @@ func (d *device) sibling(v *C.struct_ibv_context) (*device, error) {
 		if c == v {
 			s, err := newDevice(c, list, int(n))
 			if err != nil {
-				C.rdma_free_devices(list)
+				C.shim_rdma_free_devices(list)
 				return nil, fmt.Errorf("verbs: open device %s, which the route goes through: %w", name, err)
 			}
 			s.parent = d
@@ -196,7 +196,7 @@ func (d *device) sibling(v *C.struct_ibv_context) (*device, error) {
 			return s, nil
 		}
 	}
-	C.rdma_free_devices(list)
+	C.shim_rdma_free_devices(list)
 	return nil, fmt.Errorf("verbs: the route goes through RDMA device %s, which rdma_cm does not list", name)
 }
 
@@ -249,6 +249,6 @@ func (d *device) Close() error {
 	if n := d.mem.live(); n > 0 {
 		errs = append(errs, fmt.Errorf("verbs: device %s closed with %d memory allocations not freed", d.name, n))
 	}
-	C.rdma_free_devices(d.list)
+	C.shim_rdma_free_devices(d.list)
 	return errors.Join(errs...)
 }

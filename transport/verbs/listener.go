@@ -49,7 +49,7 @@ func newListener(d *device, addr string) (*listener, error) {
 	l.id, l.handle = id, h
 	if rc := C.shim_bind_listen(id, &sa, backlog); rc != 0 {
 		d.cm.unregister(h)
-		C.rdma_destroy_id(id)
+		C.shim_rdma_destroy_id(id)
 		return nil, fmt.Errorf("verbs: listen %s: %w", addr, opErr("rdma_bind_addr/rdma_listen", rc))
 	}
 	var a C.struct_shim_addr
@@ -71,14 +71,14 @@ func (l *listener) request(ev cmEvent) {
 	// that one, its events on that device's channel.
 	dev, err := l.dev.sibling(C.shim_id_verbs(ev.id))
 	if err == nil && dev != l.dev {
-		if rc, merr := C.rdma_migrate_id(ev.id, dev.cm.ch); rc != 0 {
+		if rc, merr := C.shim_rdma_migrate_id(ev.id, dev.cm.ch); rc != 0 {
 			err = fmt.Errorf("rdma_migrate_id: %w", errnoNow(merr))
 		}
 	}
 	if err != nil {
 		log.Printf("verbs: refusing a connection request on %s: %v", l.addr, err)
-		C.rdma_reject(ev.id, nil, 0)
-		C.rdma_destroy_id(ev.id)
+		C.shim_rdma_reject(ev.id, nil, 0)
+		C.shim_rdma_destroy_id(ev.id)
 		return
 	}
 	q := newQPEndpoint(dev)
@@ -124,7 +124,7 @@ func (l *listener) Close() error {
 	l.mu.Unlock()
 	l.dev.cm.unregister(l.handle)
 	var err error
-	if rc, cerr := C.rdma_destroy_id(l.id); rc != 0 {
+	if rc, cerr := C.shim_rdma_destroy_id(l.id); rc != 0 {
 		err = fmt.Errorf("verbs: rdma_destroy_id(listener): %w", errnoNow(cerr))
 	}
 	// Requests nobody accepted are refused now, not left to time out.
@@ -174,7 +174,7 @@ func (r *connReq) refuse(private []byte) error {
 		pp = unsafe.Pointer(&private[0])
 	}
 	var err error
-	if rc, cerr := C.rdma_reject(r.q.id, pp, C.uint8_t(len(private))); rc != 0 {
+	if rc, cerr := C.shim_rdma_reject(r.q.id, pp, C.uint8_t(len(private))); rc != 0 {
 		err = fmt.Errorf("verbs: rdma_reject: %w", errnoNow(cerr))
 	}
 	r.q.destroy()
@@ -192,7 +192,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	if err := q.passiveSetup(ctx, cfg, private); err != nil {
 		if q.qp == nil {
 			// Refused before we answered: tell the peer at once.
-			C.rdma_reject(q.id, nil, 0)
+			C.shim_rdma_reject(q.id, nil, 0)
 		}
 		q.destroy()
 		return nil, fmt.Errorf("verbs: accept from %v: %w", r.remote, err)

@@ -50,7 +50,7 @@ func (p *pd) Close() error {
 	if p.closed {
 		return nil
 	}
-	if rc := C.ibv_dealloc_pd(p.pd); rc != 0 {
+	if rc := C.shim_ibv_dealloc_pd(p.pd); rc != 0 {
 		return fmt.Errorf("verbs: PD still in use (MRs or QPs open): %w", opErr("ibv_dealloc_pd", rc))
 	}
 	p.closed = true
@@ -84,7 +84,7 @@ func (m *mr) Dereg() error {
 	if m.closed {
 		return nil
 	}
-	if rc := C.ibv_dereg_mr(m.mr); rc != 0 {
+	if rc := C.shim_ibv_dereg_mr(m.mr); rc != 0 {
 		return opErr("ibv_dereg_mr", rc)
 	}
 	m.closed = true

@@ -3,6 +3,14 @@
 // "verbs"; importing it is what brings real RDMA (RoCE, InfiniBand,
 // Soft-RoCE) into a binary.
 //
+// The libraries are loaded at run time (dlopen of libibverbs.so.1 and
+// librdmacm.so.1), not linked: a binary importing this package starts on
+// a node without rdma-core, and Open then reports the provider
+// unavailable with the reason (no RDMA device, library not found, port
+// down), so conn picks shm. Building needs no rdma-core headers either
+// (abi.h declares the ABI used). Built with CGO_ENABLED=0 the provider is
+// always unavailable ("built without cgo").
+//
 // Design:
 //   - Connections are set up by rdma_cm (RDMA_PS_TCP port space, so
 //     addresses are "ip:port"); the QPs are created by this package and
@@ -28,13 +36,7 @@
 // accept, 148 for a reject); what the peer sent is a prefix.
 package verbs
 
-// #include "shim.h"
-import "C"
-
 import (
-	"slices"
-	"unsafe"
-
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -49,57 +51,26 @@ func (provider) Name() string { return Name }
 
 // Open opens the RDMA device called name ("" = the first one, in
 // libibverbs order). On a machine where RDMA cannot work the error names
-// the missing piece and wraps transport.ErrUnavailable.
+// the missing piece and wraps transport.ErrUnavailable (no device, no
+// libraries, a binary built without cgo) or transport.ErrUnusable (a
+// device is here but cannot be used).
 func (provider) Open(name string) (transport.Device, error) {
+	if !cgoBuilt {
+		return nil, errNoCgo
+	}
 	if err := diagnose(); err != nil {
 		return nil, err
 	}
-	var n C.int
-	list, err := C.rdma_get_devices(&n)
-	if list == nil {
-		return nil, unusable("rdma_cm cannot list devices (%v); kernel RDMA devices: %v", errnoNow(err), deviceNames())
-	}
-	ctxs := unsafe.Slice(list, int(n))
-	var names []string
-	var ctx *C.struct_ibv_context
-	for _, c := range ctxs {
-		dn := C.GoString(C.shim_dev_name(c))
-		names = append(names, dn)
-		if ctx == nil && (name == "" || dn == name) {
-			ctx = c
-		}
-	}
-	if ctx == nil {
-		C.rdma_free_devices(list)
-		if len(names) == 0 {
-			return nil, unusable("libibverbs found no usable device among kernel devices %v "+
-				"(is the userspace provider driver installed, e.g. librxe-rdmav*.so from ibverbs-providers?)", deviceNames())
-		}
-		return nil, unusable("no RDMA device %q (have %v)", name, names)
-	}
-	d, err := newDevice(ctx, list, len(ctxs))
-	if err != nil {
-		C.rdma_free_devices(list)
+	if err := load(); err != nil {
 		return nil, err
 	}
-	return d, nil
+	return open(name)
 }
 
 // Devices lists the RDMA devices libibverbs can open, for logs and tests.
 func Devices() []string {
-	if diagnose() != nil {
+	if !cgoBuilt || diagnose() != nil || load() != nil {
 		return nil
 	}
-	var n C.int
-	list := C.rdma_get_devices(&n)
-	if list == nil {
-		return nil
-	}
-	defer C.rdma_free_devices(list)
-	var names []string
-	for _, c := range unsafe.Slice(list, int(n)) {
-		names = append(names, C.GoString(C.shim_dev_name(c)))
-	}
-	slices.Sort(names)
-	return names
+	return devices()
 }

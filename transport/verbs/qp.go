@@ -165,10 +165,10 @@ func (q *qp) destroy() {
 		return
 	}
 	if q.qp != nil {
-		C.ibv_destroy_qp(q.qp)
+		C.shim_ibv_destroy_qp(q.qp)
 	}
 	if q.id != nil {
-		C.rdma_destroy_id(q.id) // refuses a request not yet answered
+		C.shim_rdma_destroy_id(q.id) // refuses a request not yet answered
 	}
 	q.discOnce.Do(func() { close(q.disc) })
 }
@@ -216,7 +216,7 @@ func (q *qp) disconnectLocked() error {
 	}
 	q.disconnected = true
 	err := opErr("ibv_modify_qp(ERR)", C.shim_qp_set_state(q.qp, C.IBV_QPS_ERR))
-	if rc, cerr := C.rdma_disconnect(q.id); rc != 0 && !errors.Is(cerr, syscall.EINVAL) {
+	if rc, cerr := C.shim_rdma_disconnect(q.id); rc != 0 && !errors.Is(cerr, syscall.EINVAL) {
 		// EINVAL: the peer disconnected first; nothing left to tell.
 		err = errors.Join(err, fmt.Errorf("verbs: rdma_disconnect: %w", errnoNow(cerr)))
 	}
@@ -239,10 +239,10 @@ func (q *qp) Close() error {
 	q.closed = true
 	q.mu.Unlock()
 	q.dev.cm.unregister(q.handle)
-	if rc := C.ibv_destroy_qp(q.qp); rc != 0 {
+	if rc := C.shim_ibv_destroy_qp(q.qp); rc != 0 {
 		err = errors.Join(err, opErr("ibv_destroy_qp", rc))
 	}
-	C.rdma_destroy_id(q.id)
+	C.shim_rdma_destroy_id(q.id)
 	q.discOnce.Do(func() { close(q.disc) })
 	return err
 }

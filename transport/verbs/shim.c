@@ -49,7 +49,7 @@ int shim_post_send(struct ibv_qp *qp, const struct shim_send *wrs, int n,
 			b->wr.rdma.remote_addr = w->remote_addr;
 			b->wr.rdma.rkey = w->rkey;
 		}
-		ret = ibv_post_send(qp, batch, &bad);
+		ret = qp->context->ops.post_send(qp, batch, &bad);
 		if (ret) {
 			*posted = done + (bad ? (int)(bad - batch) : 0);
 			return ret;
@@ -80,7 +80,7 @@ int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 			batch[i].num_sge = (int)wrs[done + i].nsge;
 			sg += wrs[done + i].nsge;
 		}
-		ret = ibv_post_recv(qp, batch, &bad);
+		ret = qp->context->ops.post_recv(qp, batch, &bad);
 		if (ret) {
 			*posted = done + (bad ? (int)(bad - batch) : 0);
 			return ret;
@@ -91,7 +91,7 @@ int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 	return 0;
 }
 
-static uint8_t wc_opcode(enum ibv_wc_opcode op)
+static uint8_t wc_opcode(int op)
 {
 	switch (op) {
 	case IBV_WC_SEND:
@@ -116,7 +116,7 @@ int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n)
 
 	while (got < n) {
 		int want = n - got < SHIM_POST_BATCH ? n - got : SHIM_POST_BATCH;
-		int k = ibv_poll_cq(cq, want, wc);
+		int k = cq->context->ops.poll_cq(cq, want, wc);
 		int i;
 
 		if (k < 0)
@@ -147,7 +147,7 @@ int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n)
 
 int shim_req_notify_cq(struct ibv_cq *cq)
 {
-	return ibv_req_notify_cq(cq, 0);
+	return cq->context->ops.req_notify_cq(cq, 0);
 }
 
 // Returns 0 when an event was consumed, EAGAIN when the channel is empty,
@@ -156,7 +156,7 @@ int shim_get_cq_event_of(struct ibv_comp_channel *ch, struct ibv_cq **cq, uint64
 {
 	void *ctx;
 
-	if (ibv_get_cq_event(ch, cq, &ctx))
+	if (shim_lib.ibv_get_cq_event(ch, cq, &ctx))
 		return errno ? errno : EIO;
 	*handle = (uint64_t)(uintptr_t)ctx;
 	return 0;
@@ -164,20 +164,27 @@ int shim_get_cq_event_of(struct ibv_comp_channel *ch, struct ibv_cq **cq, uint64
 
 void shim_ack_cq_events(struct ibv_cq *cq, unsigned int n)
 {
-	ibv_ack_cq_events(cq, n);
+	shim_lib.ibv_ack_cq_events(cq, n);
 }
 
 int shim_query_port(struct ibv_context *ctx, uint8_t port, struct shim_port *out)
 {
-	struct ibv_port_attr a;
-	int ret = ibv_query_port(ctx, port, &a);
+	// Room beyond the declared attributes for fields newer libraries
+	// write (see abi.h).
+	union {
+		struct ibv_port_attr a;
+		uint8_t room[sizeof(struct ibv_port_attr) + 64];
+	} buf;
+	int ret;
 
+	memset(&buf, 0, sizeof(buf));
+	ret = shim_lib.ibv_query_port(ctx, port, &buf.a);
 	if (ret)
 		return ret;
-	out->state = a.state;
-	out->link_layer = a.link_layer;
-	out->active_mtu = a.active_mtu;
-	out->gid_tbl_len = a.gid_tbl_len;
+	out->state = buf.a.state;
+	out->link_layer = buf.a.link_layer;
+	out->active_mtu = buf.a.active_mtu;
+	out->gid_tbl_len = buf.a.gid_tbl_len;
 	return 0;
 }
 
@@ -186,7 +193,7 @@ int shim_get_cm_event(struct rdma_event_channel *ch, struct shim_event *out)
 	struct rdma_cm_event *ev;
 	uint32_t len;
 
-	if (rdma_get_cm_event(ch, &ev))
+	if (shim_lib.rdma_get_cm_event(ch, &ev))
 		return errno ? errno : EIO;
 	memset(out, 0, sizeof(*out));
 	out->event = ev->event;
@@ -202,13 +209,13 @@ int shim_get_cm_event(struct rdma_event_channel *ch, struct shim_event *out)
 		memcpy(out->private_data, ev->param.conn.private_data, len);
 		out->private_len = len;
 	}
-	rdma_ack_cm_event(ev);
+	shim_lib.rdma_ack_cm_event(ev);
 	return 0;
 }
 
 int shim_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, uint64_t handle)
 {
-	if (rdma_create_id(ch, id, (void *)(uintptr_t)handle, RDMA_PS_TCP))
+	if (shim_lib.rdma_create_id(ch, id, (void *)(uintptr_t)handle, RDMA_PS_TCP))
 		return errno ? errno : EIO;
 	return 0;
 }
@@ -266,12 +273,12 @@ static socklen_t to_sockaddr(const struct shim_addr *a, struct sockaddr_storage 
 
 void shim_local_addr(struct rdma_cm_id *id, struct shim_addr *out)
 {
-	from_sockaddr(rdma_get_local_addr(id), out);
+	from_sockaddr((const struct sockaddr *)&id->route.addr.src_storage, out);
 }
 
 void shim_peer_addr(struct rdma_cm_id *id, struct shim_addr *out)
 {
-	from_sockaddr(rdma_get_peer_addr(id), out);
+	from_sockaddr((const struct sockaddr *)&id->route.addr.dst_storage, out);
 }
 
 int shim_bind_listen(struct rdma_cm_id *id, const struct shim_addr *a, int backlog)
@@ -279,9 +286,9 @@ int shim_bind_listen(struct rdma_cm_id *id, const struct shim_addr *a, int backl
 	struct sockaddr_storage ss;
 
 	to_sockaddr(a, &ss);
-	if (rdma_bind_addr(id, (struct sockaddr *)&ss))
+	if (shim_lib.rdma_bind_addr(id, (struct sockaddr *)&ss))
 		return errno ? errno : EIO;
-	if (rdma_listen(id, backlog))
+	if (shim_lib.rdma_listen(id, backlog))
 		return errno ? errno : EIO;
 	return 0;
 }
@@ -291,7 +298,7 @@ int shim_resolve_addr(struct rdma_cm_id *id, const struct shim_addr *dst, int ti
 	struct sockaddr_storage ss;
 
 	to_sockaddr(dst, &ss);
-	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms))
+	if (shim_lib.rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms))
 		return errno ? errno : EIO;
 	return 0;
 }
@@ -303,16 +310,16 @@ struct ibv_context *shim_route_verbs(const struct shim_addr *dst, int timeout_ms
 	struct ibv_context *v = NULL;
 
 	*err = 0;
-	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+	if (shim_lib.rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
 		*err = errno ? errno : EIO;
 		return NULL;
 	}
 	to_sockaddr(dst, &ss);
-	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms))
+	if (shim_lib.rdma_resolve_addr(id, NULL, (struct sockaddr *)&ss, timeout_ms))
 		*err = errno ? errno : EIO;
 	else if (!(v = id->verbs))
 		*err = ENODEV;
-	rdma_destroy_id(id);
+	shim_lib.rdma_destroy_id(id);
 	return v;
 }
 
@@ -332,7 +339,7 @@ struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_
 	a.cap.max_send_sge = cfg->max_send_sge;
 	a.cap.max_recv_sge = cfg->max_recv_sge;
 	a.cap.max_inline_data = cfg->max_inline;
-	qp = ibv_create_qp(pd, &a);
+	qp = shim_lib.ibv_create_qp(pd, &a);
 	if (!qp)
 		return NULL;
 	*actual = *cfg;
@@ -351,7 +358,7 @@ int shim_qp_to(struct rdma_cm_id *id, struct ibv_qp *qp, int state, const struct
 
 	memset(&attr, 0, sizeof(attr));
 	attr.qp_state = state;
-	if (rdma_init_qp_attr(id, &attr, &mask))
+	if (shim_lib.rdma_init_qp_attr(id, &attr, &mask))
 		return errno ? errno : EIO;
 	switch (state) {
 	case IBV_QPS_INIT:
@@ -372,7 +379,7 @@ int shim_qp_to(struct rdma_cm_id *id, struct ibv_qp *qp, int state, const struct
 		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY;
 		break;
 	}
-	return ibv_modify_qp(qp, &attr, mask);
+	return shim_lib.ibv_modify_qp(qp, &attr, mask);
 }
 
 int shim_qp_set_state(struct ibv_qp *qp, int state)
@@ -381,7 +388,7 @@ int shim_qp_set_state(struct ibv_qp *qp, int state)
 
 	memset(&attr, 0, sizeof(attr));
 	attr.qp_state = state;
-	return ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+	return shim_lib.ibv_modify_qp(qp, &attr, IBV_QP_STATE);
 }
 
 int shim_qp_state(struct ibv_qp *qp)
@@ -389,7 +396,7 @@ int shim_qp_state(struct ibv_qp *qp)
 	struct ibv_qp_attr attr;
 	struct ibv_qp_init_attr init;
 
-	if (ibv_query_qp(qp, &attr, IBV_QP_STATE, &init))
+	if (shim_lib.ibv_query_qp(qp, &attr, IBV_QP_STATE, &init))
 		return -1;
 	return attr.qp_state;
 }
@@ -408,7 +415,7 @@ int shim_connect(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8
 	p.retry_count = retry_cnt;
 	p.rnr_retry_count = rnr_retry;
 	p.qp_num = qp_num;
-	if (rdma_connect(id, &p))
+	if (shim_lib.rdma_connect(id, &p))
 		return errno ? errno : EIO;
 	return 0;
 }
@@ -425,7 +432,7 @@ int shim_accept(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_
 	p.responder_resources = responder_resources;
 	p.rnr_retry_count = rnr_retry;
 	p.qp_num = qp_num;
-	if (rdma_accept(id, &p))
+	if (shim_lib.rdma_accept(id, &p))
 		return errno ? errno : EIO;
 	return 0;
 }
@@ -433,7 +440,7 @@ int shim_accept(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_
 struct ibv_cq *shim_create_cq(struct ibv_context *ctx, int entries, struct ibv_comp_channel *ch,
 			      uint64_t handle)
 {
-	return ibv_create_cq(ctx, entries, (void *)(uintptr_t)handle, ch, 0);
+	return shim_lib.ibv_create_cq(ctx, entries, (void *)(uintptr_t)handle, ch, 0);
 }
 
 int shim_cq_cqe(struct ibv_cq *cq)
@@ -445,7 +452,7 @@ int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out)
 {
 	struct ibv_async_event ev;
 
-	if (ibv_get_async_event(ctx, &ev))
+	if (shim_lib.ibv_get_async_event(ctx, &ev))
 		return errno ? errno : EIO;
 	memset(out, 0, sizeof(*out));
 	out->event = ev.event_type;
@@ -466,7 +473,7 @@ int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out)
 	default:
 		break;
 	}
-	ibv_ack_async_event(&ev);
+	shim_lib.ibv_ack_async_event(&ev);
 	return 0;
 }
 
@@ -497,7 +504,7 @@ int shim_set_nonblock(int fd)
 int shim_query_device(struct ibv_context *ctx, struct shim_dev_attr *out)
 {
 	struct ibv_device_attr a;
-	int ret = ibv_query_device(ctx, &a);
+	int ret = shim_lib.ibv_query_device(ctx, &a);
 
 	if (ret)
 		return ret;
@@ -513,7 +520,7 @@ int shim_query_device(struct ibv_context *ctx, struct shim_dev_attr *out)
 
 const char *shim_dev_name(struct ibv_context *ctx)
 {
-	return ibv_get_device_name(ctx->device);
+	return shim_lib.ibv_get_device_name(ctx->device);
 }
 
 int shim_query_gid_ipv4(struct ibv_context *ctx, uint8_t port, int index, uint8_t out[4])
@@ -521,7 +528,7 @@ int shim_query_gid_ipv4(struct ibv_context *ctx, uint8_t port, int index, uint8_
 	static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 	union ibv_gid gid;
 
-	if (ibv_query_gid(ctx, port, index, &gid))
+	if (shim_lib.ibv_query_gid(ctx, port, index, &gid))
 		return -1;
 	if (memcmp(gid.raw, prefix, 12) != 0)
 		return -1;
@@ -531,7 +538,7 @@ int shim_query_gid_ipv4(struct ibv_context *ctx, uint8_t port, int index, uint8_
 
 struct ibv_mr *shim_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access)
 {
-	return ibv_reg_mr(pd, (void *)addr, len, access);
+	return shim_lib.ibv_reg_mr(pd, (void *)addr, len, access);
 }
 
 uint64_t shim_mr_addr(struct ibv_mr *mr)
@@ -542,8 +549,8 @@ uint64_t shim_mr_addr(struct ibv_mr *mr)
 int shim_probe_inline(struct ibv_context *ctx)
 {
 	static const uint32_t sizes[] = {4096, 2048, 1024, 512, 256, 128, 64};
-	struct ibv_pd *pd = ibv_alloc_pd(ctx);
-	struct ibv_cq *cq = pd ? ibv_create_cq(ctx, 1, NULL, NULL, 0) : NULL;
+	struct ibv_pd *pd = shim_lib.ibv_alloc_pd(ctx);
+	struct ibv_cq *cq = pd ? shim_lib.ibv_create_cq(ctx, 1, NULL, NULL, 0) : NULL;
 	int best = 0;
 	size_t i;
 
@@ -560,16 +567,59 @@ int shim_probe_inline(struct ibv_context *ctx)
 		a.cap.max_send_sge = 1;
 		a.cap.max_recv_sge = 1;
 		a.cap.max_inline_data = sizes[i];
-		qp = ibv_create_qp(pd, &a);
+		qp = shim_lib.ibv_create_qp(pd, &a);
 		if (qp) {
 			best = (int)a.cap.max_inline_data;
-			ibv_destroy_qp(qp);
+			shim_lib.ibv_destroy_qp(qp);
 			break;
 		}
 	}
 	if (cq)
-		ibv_destroy_cq(cq);
+		shim_lib.ibv_destroy_cq(cq);
 	if (pd)
-		ibv_dealloc_pd(pd);
+		shim_lib.ibv_dealloc_pd(pd);
 	return best;
+}
+
+// The library calls Go makes directly (cgo cannot call through a function
+// pointer).
+struct ibv_pd *shim_ibv_alloc_pd(struct ibv_context *c) { return shim_lib.ibv_alloc_pd(c); }
+int shim_ibv_dealloc_pd(struct ibv_pd *pd) { return shim_lib.ibv_dealloc_pd(pd); }
+int shim_ibv_dereg_mr(struct ibv_mr *mr) { return shim_lib.ibv_dereg_mr(mr); }
+struct ibv_comp_channel *shim_ibv_create_comp_channel(struct ibv_context *c)
+{
+	return shim_lib.ibv_create_comp_channel(c);
+}
+int shim_ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
+{
+	return shim_lib.ibv_destroy_comp_channel(ch);
+}
+int shim_ibv_destroy_cq(struct ibv_cq *cq) { return shim_lib.ibv_destroy_cq(cq); }
+int shim_ibv_destroy_qp(struct ibv_qp *qp) { return shim_lib.ibv_destroy_qp(qp); }
+const char *shim_ibv_port_state_str(int state) { return shim_lib.ibv_port_state_str(state); }
+struct rdma_event_channel *shim_rdma_create_event_channel(void)
+{
+	return shim_lib.rdma_create_event_channel();
+}
+void shim_rdma_destroy_event_channel(struct rdma_event_channel *ch)
+{
+	shim_lib.rdma_destroy_event_channel(ch);
+}
+int shim_rdma_destroy_id(struct rdma_cm_id *id) { return shim_lib.rdma_destroy_id(id); }
+int shim_rdma_disconnect(struct rdma_cm_id *id) { return shim_lib.rdma_disconnect(id); }
+int shim_rdma_establish(struct rdma_cm_id *id) { return shim_lib.rdma_establish(id); }
+const char *shim_rdma_event_str(int ev) { return shim_lib.rdma_event_str(ev); }
+struct ibv_context **shim_rdma_get_devices(int *n) { return shim_lib.rdma_get_devices(n); }
+void shim_rdma_free_devices(struct ibv_context **list) { shim_lib.rdma_free_devices(list); }
+int shim_rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *ch)
+{
+	return shim_lib.rdma_migrate_id(id, ch);
+}
+int shim_rdma_reject(struct rdma_cm_id *id, const void *priv, uint8_t len)
+{
+	return shim_lib.rdma_reject(id, priv, len);
+}
+int shim_rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+	return shim_lib.rdma_resolve_route(id, timeout_ms);
 }

@@ -1,14 +1,15 @@
-// Small C wrappers around the parts of libibverbs and librdmacm that cgo
-// cannot call directly (static inline verbs, unions, pointer-laden event
-// structs). Every structure crossing the Go/C boundary here is flat and
+// Small C wrappers around libibverbs and librdmacm: every call goes
+// through the function table load.c fills at run time (abi.h), and the
+// parts cgo cannot call directly (static inline verbs, unions,
+// pointer-laden event structs) are flattened. Every structure crossing the Go/C boundary here is flat and
 // holds no pointers, so Go may pass its own memory (cgo pointer rules).
 #ifndef RDMAGRPC_VERBS_SHIM_H
 #define RDMAGRPC_VERBS_SHIM_H
 
 #include <stddef.h>
+#include <errno.h>
 #include <stdint.h>
-#include <infiniband/verbs.h>
-#include <rdma/rdma_cma.h>
+#include "abi.h"
 
 // shim_wc has the memory layout of transport.WorkCompletion; cq.go checks
 // the offsets at compile time so ibv_poll_cq results land in the caller's
@@ -170,5 +171,26 @@ uint64_t shim_mr_addr(struct ibv_mr *mr);
 // shim_probe_inline returns the largest inline size (from a list of
 // candidates) a throw-away RC QP on ctx accepts, or 0.
 int shim_probe_inline(struct ibv_context *ctx);
+
+// Direct calls for Go (cgo cannot call through shim_lib's pointers).
+struct ibv_pd *shim_ibv_alloc_pd(struct ibv_context *c);
+int shim_ibv_dealloc_pd(struct ibv_pd *pd);
+int shim_ibv_dereg_mr(struct ibv_mr *mr);
+struct ibv_comp_channel *shim_ibv_create_comp_channel(struct ibv_context *c);
+int shim_ibv_destroy_comp_channel(struct ibv_comp_channel *ch);
+int shim_ibv_destroy_cq(struct ibv_cq *cq);
+int shim_ibv_destroy_qp(struct ibv_qp *qp);
+const char *shim_ibv_port_state_str(int state);
+struct rdma_event_channel *shim_rdma_create_event_channel(void);
+void shim_rdma_destroy_event_channel(struct rdma_event_channel *ch);
+int shim_rdma_destroy_id(struct rdma_cm_id *id);
+int shim_rdma_disconnect(struct rdma_cm_id *id);
+int shim_rdma_establish(struct rdma_cm_id *id);
+const char *shim_rdma_event_str(int ev);
+struct ibv_context **shim_rdma_get_devices(int *n);
+void shim_rdma_free_devices(struct ibv_context **list);
+int shim_rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *ch);
+int shim_rdma_reject(struct rdma_cm_id *id, const void *priv, uint8_t len);
+int shim_rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms);
 
 #endif
