@@ -5,7 +5,7 @@ PKGS    ?= ./...
 # make the timing-sensitive transport tests flaky.
 TESTFLAGS ?= -race -count=1 -p 2 -timeout 15m
 
-.PHONY: all deps build test test-unit test-rxe bench demo generate lint fuzz soak clean
+.PHONY: all deps build test test-unit test-without-rdma-core test-rxe bench demo generate lint fuzz soak clean
 
 all: build
 
@@ -21,7 +21,13 @@ build: deps
 test: deps
 	$(GO) vet $(PKGS)
 	$(MAKE) test-unit
+	$(MAKE) test-without-rdma-core
 	$(MAKE) test-rxe
+
+# Build, vet, a verbs-importing binary and the tier-1 tests on this machine
+# with every rdma-core file removed (an overlay of /, entered by chroot).
+test-without-rdma-core:
+	./scripts/without-rdma-core.sh
 
 test-unit:
 	$(GO) test $(TESTFLAGS) $(PKGS)

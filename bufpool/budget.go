@@ -3,12 +3,13 @@ package bufpool
 import (
 	"errors"
 	"fmt"
-	"log"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/logx"
 )
 
 // ErrBudget is returned, wrapped with the figures, when registering more
@@ -53,7 +54,7 @@ var defaultBudget = sync.OnceValue(func() *Budget {
 	if err != nil {
 		// A typo must not silently mean "unlimited": say so once and
 		// keep the safe default.
-		log.Printf("bufpool: ignoring %s=%q: %v; using the default of %d bytes", BudgetEnv, v, err, DefaultBudget)
+		logx.L().Warn("rdmagrpc bufpool: ignoring a bad budget; using the default", "env", BudgetEnv, "value", v, "err", err, "default", DefaultBudget)
 		return NewBudget(DefaultBudget)
 	}
 	return NewBudget(n)

@@ -152,7 +152,7 @@ type entry struct {
 // telemetry.Client or telemetry.Server.
 func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
 	c = &Conn{id: connIDs.Add(1), provider: provider, device: dev.Name(), o: o, changed: make(chan struct{})}
-	c.tel = o.tel.StartConn(ctx, role, c.id, provider)
+	c.tel = o.tel.StartConn(ctx, role, c.id, provider, o.providerWhy)
 	partial := c // the error returns below set c to nil
 	defer func() {
 		if err != nil {

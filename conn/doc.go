@@ -1,21 +1,45 @@
 // Package conn is rdmagrpc's net.Conn and net.Listener over RDMA: a
 // grpc-go transport drop-in.
 //
-//	lis, err := conn.Listen(ctx, "10.0.0.1:7000")          // server: srv.Serve(lis)
+//	lis, err := conn.Listen(ctx, "10.0.0.1:7000")                // server: srv.Serve(lis)
 //	grpc.NewClient(addr, grpc.WithContextDialer(conn.Dialer())) // client
 //
-// Each connection owns a protection domain, so a peer's queue pair can
-// never reach another connection's memory, and a small set of
-// pre-registered buffers (M1): a receive ring of slots the peer writes into
-// with RDMA WRITE_WITH_IMM, and a send staging area of the same shape.
-// Every message consumes one credit (a slot of the peer's ring); the
-// reader returns credits piggybacked on its own data or, when half the
-// window is free, in a zero-length credit message, so no message ever
-// meets a receiver that is not ready. Data is copied into and out of the
-// registered memory: no DMA ever touches a caller's slice after Read or
-// Write returned.
+// The provider is verbs when transport/verbs is imported and an RDMA
+// device is usable, else shm (shared memory between the processes of one
+// host); WithProvider or RDMAGRPC_PROVIDER choose, and Stats says which
+// and why. A device that is present but cannot be used is an error, not a
+// silent fallback.
 //
-// Not yet here: the enlargement of a connection's buffers (M2–M4) and the
-// rendezvous for large messages (M5); a write larger than a slot is
-// fragmented into slots.
+// Each connection owns a protection domain, so a peer's queue pair can
+// never reach another connection's memory.
+//
+// M1, small phase: a few pre-registered slots (WithSmallBuffers) the peer
+// writes into with RDMA WRITE_WITH_IMM, and a send staging area of the
+// same shape. Every message consumes one credit (a slot of the peer's
+// ring); the reader returns credits piggybacked on its own data or, when
+// half the window is free, in a zero-length credit message, so no message
+// ever meets a receiver that is not ready. Data is copied into and out of
+// registered memory: no DMA touches a caller's slice after Read or Write
+// returned.
+//
+// M2–M4, enlargement: the first write above the threshold (WithThreshold)
+// asks the peer, in a control message, for large buffers
+// (WithLargeBuffers); the peer registers them and answers with their
+// address and remote key; the writer moves to them when the answer
+// arrives, and no message is lost or reordered on the way (enlarge.go). Each direction enlarges on
+// its own; a refusal or an answer that does not come (WithAckTimeout)
+// leaves the direction small, and says why in Stats. WithFreeSmallOnEnlarge
+// releases the small ring once the large one is in use.
+//
+// M5, rendezvous: a write above WithRendezvousThreshold is not pushed
+// through the rings; the reader's request for it is served by the writer's
+// RDMA WRITE straight into the reader's registered destination
+// (rendezvous.go), in chunks of WithRendezvousChunk.
+//
+// Registered memory is bounded by a process-wide budget (bufpool); when it
+// is spent, enlargements are refused and rendezvous falls back to the
+// rings rather than failing. OpenTelemetry spans mark each connection,
+// enlargement and rendezvous (WithTracerProvider, WithMeterProvider), and
+// the library prints nothing unless asked (SetLogger, WithLogger,
+// RDMAGRPC_LOG).
 package conn

@@ -2,6 +2,7 @@ package conn
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/logx"
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 )
 
@@ -36,6 +38,9 @@ type options struct {
 	pollSpin     time.Duration
 	backlog      int
 	peerCheck    func(pid, uid, gid int) error
+	logger       *slog.Logger // nil: the process-wide one (SetLogger)
+	// providerWhy is why pickProvider chose the provider (Stats, span).
+	providerWhy string
 	// OpenTelemetry: nil providers mean the otel globals; tel is what
 	// setup resolved them to (nil: no telemetry, for tests).
 	tracerProvider trace.TracerProvider
@@ -78,6 +83,26 @@ func defaults() options {
 		rdvChunk: DefaultRendezvousChunk, pollSpin: DefaultPollSpin,
 		backlog: defaultBacklog(),
 	}
+}
+
+// WithLogger sends what this listener's or dialer's connections have to
+// say (the provider chosen and why, at debug level) to l instead of the
+// process-wide logger (SetLogger).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// SetLogger sets the process-wide logger of rdmagrpc, used by the
+// providers and by connections without WithLogger. rdmagrpc prints
+// nothing by default: the logger starts out discarding, unless the
+// environment variable RDMAGRPC_LOG names a level (debug, info, warn,
+// error), which logs from that level up to standard error. nil restores
+// the discarding logger.
+func SetLogger(l *slog.Logger) { logx.Set(l) }
+
+func (o *options) log() *slog.Logger {
+	if o.logger != nil {
+		return o.logger
+	}
+	return logx.L()
 }
 
 // WithPollSpin sets how long a connection's completion loop keeps

@@ -3,7 +3,6 @@ package conn
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"sync"
 
@@ -16,7 +15,6 @@ import (
 var (
 	devMu   sync.Mutex
 	devices = map[string]transport.Device{}
-	logOnce sync.Once
 )
 
 // openDevice is device; tests replace it to play a broken device.
@@ -69,8 +67,7 @@ func pickProvider(o *options) (string, transport.Device, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	logOnce.Do(func() {
-		slog.Info("rdmagrpc: transport provider chosen", "provider", name, "why", why, "device", d.Name())
-	})
+	o.providerWhy = why
+	o.log().Debug("rdmagrpc: transport provider chosen", "provider", name, "why", why, "device", d.Name())
 	return name, d, nil
 }

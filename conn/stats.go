@@ -7,10 +7,14 @@ import (
 
 // Stats are a connection's counters, exact at the time of the call.
 type Stats struct {
-	Provider  string
-	Device    string // the provider's device the connection lives on (verbs: the HCA its route goes through)
-	SendPhase string // "small", "large", or why it stayed small
-	RecvPhase string // "small" or "large": what the peer writes into
+	Provider string
+	// ProviderReason is why the provider was chosen: "option",
+	// "RDMAGRPC_PROVIDER", "RDMA device found", or the reason verbs is
+	// unavailable here (no device, rdma-core not installed, ...).
+	ProviderReason string
+	Device         string // the provider's device the connection lives on (verbs: the HCA its route goes through)
+	SendPhase      string // "small", "large", or why it stayed small
+	RecvPhase      string // "small" or "large": what the peer writes into
 	// RegisteredBytes is the registered memory this connection holds
 	// (its pool is its own: one protection domain per connection).
 	RegisteredBytes     int64
@@ -60,6 +64,7 @@ func (c *Conn) Stats() Stats {
 	defer c.mu.Unlock()
 	s := c.st
 	s.Provider = c.provider
+	s.ProviderReason = c.o.providerWhy
 	s.Device = c.device
 	s.SendPhase = phaseNames[c.enl.phase]
 	s.RecvPhase = "small"

@@ -5,7 +5,10 @@ set -euo pipefail
 
 # package:command-or-file that proves it is installed
 need=(
-  "libibverbs-dev:/usr/include/infiniband/verbs.h"   # cgo build of transport/verbs
+  # Not needed to build (transport/verbs declares the ABI itself and loads
+  # the libraries at run time): TestABIMatchesSystemHeaders compares our
+  # declarations with these headers, and the rxe tier's regmr helper links them.
+  "libibverbs-dev:/usr/include/infiniband/verbs.h"
   "librdmacm-dev:/usr/include/rdma/rdma_cma.h"
   "qemu-system-x86:/usr/bin/qemu-system-x86_64"       # the rxe tier
   "cpio:/usr/bin/cpio"
@@ -23,5 +26,15 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
 fi
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# A mirror can fail a download once: apt retries each file, and the whole
+# update + install is tried three times.
+for attempt in 1 2 3; do
+  if apt-get -o Acquire::Retries=3 update -qq &&
+     apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    exit 0
+  fi
+  echo "deps: apt-get failed (attempt $attempt of 3)" >&2
+  sleep $((attempt * 5))
+done
+echo "deps: could not install ${missing[*]}" >&2
+exit 1

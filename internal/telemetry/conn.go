@@ -45,12 +45,12 @@ type Conn struct {
 // StartConn starts the span of a connection being set up: ctx is the dial
 // context (a span in it becomes the parent), or context.Background() for
 // an accepted connection. Nil-safe: a nil Set gives a nil Conn.
-func (s *Set) StartConn(ctx context.Context, role string, id uint64, provider string) *Conn {
+func (s *Set) StartConn(ctx context.Context, role string, id uint64, provider, providerWhy string) *Conn {
 	if s == nil {
 		return nil
 	}
 	_, span := s.tracer.Start(ctx, SpanConn, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
-		KeyConnID.Int64(int64(id)), KeyRole.String(role), KeyProvider.String(provider),
+		KeyConnID.Int64(int64(id)), KeyRole.String(role), KeyProvider.String(provider), KeyProviderWhy.String(providerWhy),
 		semconv.NetworkTransportKey.String(Transport)))
 	return &Conn{
 		set: s, role: role, id: id, span: span,

@@ -63,6 +63,7 @@ const (
 	KeyConnID      = attribute.Key("rdmagrpc.connection.id")
 	KeyRole        = attribute.Key("rdmagrpc.connection.role") // client | server
 	KeyProvider    = attribute.Key("rdmagrpc.provider")        // verbs | shm | a wrapper's name
+	KeyProviderWhy = attribute.Key("rdmagrpc.provider.reason") // why it was chosen (Stats.ProviderReason)
 	KeyPhase       = attribute.Key("rdmagrpc.buffer.phase")    // small | large | rendezvous
 	KeySide        = attribute.Key("rdmagrpc.enlargement.side")
 	KeyFromSize    = attribute.Key("rdmagrpc.enlargement.from_size")

@@ -18,7 +18,7 @@ import (
 // be a no-op on it, and on the nil *Enlargement it hands out.
 func TestNilIsNoop(t *testing.T) {
 	var s *Set
-	c := s.StartConn(context.Background(), Client, 1, "shm")
+	c := s.StartConn(context.Background(), Client, 1, "shm", "test")
 	if c != nil {
 		t.Fatal("a nil Set made a Conn")
 	}
@@ -76,7 +76,7 @@ func TestConnectedAttributes(t *testing.T) {
 		{addr("node-a:7000"), []attribute.KeyValue{semconv.NetworkPeerAddress("node-a"), semconv.NetworkPeerPort(7000)}},
 		{addr("no port"), []attribute.KeyValue{semconv.NetworkPeerAddress("no port")}},
 	} {
-		c := For(tp, mp).StartConn(context.Background(), Server, 7, "verbs")
+		c := For(tp, mp).StartConn(context.Background(), Server, 7, "verbs", "test")
 		c.Connected(nil, x.remote, func() Snapshot { return Snapshot{} })
 		c.End()
 		spans := rec.Ended()

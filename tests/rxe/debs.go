@@ -132,7 +132,7 @@ func candidateVersions(ctx context.Context, names []string) ([]pkgVersion, error
 // needs no dpkg lock; the sandbox option avoids the _apt user, which cannot
 // write into a root-owned temp dir.
 func downloadPackages(ctx context.Context, dir string, pkgs []pkgVersion) ([]string, error) {
-	args := []string{"-q", "-o", "APT::Sandbox::User=root", "download"}
+	args := []string{"-q", "-o", "APT::Sandbox::User=root", "-o", aptRetries, "download"}
 	for _, p := range pkgs {
 		args = append(args, p.Name+"="+p.Version)
 	}
@@ -163,10 +163,14 @@ func extractDebs(ctx context.Context, root string, debs []string) error {
 	return nil
 }
 
+// aptRetries makes apt retry a failed download itself (a mirror hiccup
+// once failed a CI run's first apt-get).
+const aptRetries = "Acquire::Retries=3"
+
 // aptUpdate refreshes the package lists; needed on a fresh machine whose
 // lists are absent or stale.
 func aptUpdate(ctx context.Context) error {
-	_, err := aptCmd(ctx, "apt-get", "update", "-qq")
+	_, err := aptCmd(ctx, "apt-get", "-o", aptRetries, "update", "-qq")
 	return err
 }
 

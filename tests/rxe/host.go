@@ -36,7 +36,7 @@ func ensureHost(ctx context.Context, install bool, logf func(string, ...any)) (s
 		if err := aptUpdate(ctx); err != nil {
 			return "", fmt.Errorf("rxe: %w", err)
 		}
-		args := append([]string{"install", "-y", "-q", "--no-install-recommends"}, missing...)
+		args := append([]string{"-o", aptRetries, "install", "-y", "-q", "--no-install-recommends"}, missing...)
 		cmd := exec.CommandContext(ctx, "apt-get", args...)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -104,12 +104,20 @@ func Build(ctx context.Context, cacheDir string, opts ...Option) (*Image, error)
 
 	for attempt := 0; ; attempt++ {
 		img, stale, err := buildOnce(ctx, cacheDir, qemu, logf)
-		if err == nil || !stale || attempt > 0 || os.Geteuid() != 0 {
+		if err == nil || !stale || attempt > 2 || os.Geteuid() != 0 {
 			return img, err
 		}
 		// A fresh machine has no package lists; an old one may name
-		// versions the mirror no longer has.
-		logf("%v; running apt-get update", err)
+		// versions the mirror no longer has; a download may just fail
+		// once (apt retries each file too, aptRetries).
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(time.Duration(attempt) * 5 * time.Second):
+			}
+		}
+		logf("%v; running apt-get update (attempt %d of 3)", err, attempt+1)
 		if uerr := aptUpdate(ctx); uerr != nil {
 			return nil, fmt.Errorf("rxe: %w (after: %w)", uerr, err)
 		}

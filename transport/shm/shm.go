@@ -9,6 +9,12 @@
 // receives from a shared ring and writes the receive completion there. The
 // unix socket of a connection carries only set-up, memfd hand-over, error
 // notes and disconnect, and its hang-up is how a vanished peer is noticed.
+//
+// Isolation: a device has a child device per peer process (peers.go), with
+// its own MR table and arenas, so that two peer processes never map each
+// other's memory; a listener admits only processes of its own user unless
+// conn.WithPeerCheck decides otherwise (the kernel's SO_PEERCRED), and
+// binds only addresses of this host.
 package shm
 
 import (

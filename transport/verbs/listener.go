@@ -7,12 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"net"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/logx"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -76,7 +76,7 @@ func (l *listener) request(ev cmEvent) {
 		}
 	}
 	if err != nil {
-		log.Printf("verbs: refusing a connection request on %s: %v", l.addr, err)
+		logx.L().Warn("rdmagrpc verbs: refusing a connection request", "listener", l.addr.String(), "err", err)
 		C.shim_rdma_reject(ev.id, nil, 0)
 		C.shim_rdma_destroy_id(ev.id)
 		return

@@ -7,12 +7,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"os"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/logx"
 )
 
 // pollFD puts a library-owned file descriptor (completion channel,
@@ -68,7 +69,7 @@ func (p *pollFD) serve(what string, try func() C.int, handle func()) {
 			if errors.Is(errnoErr(rc), errInterrupted) {
 				continue
 			}
-			log.Printf("verbs: %s: %v; its event loop stops", what, errnoErr(rc))
+			logx.L().Error("rdmagrpc verbs: event loop stops", "loop", what, "err", errnoErr(rc))
 			return
 		}
 		handle()
