@@ -259,7 +259,7 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 		}
 		lh, lp := hostPort(t, x.c.LocalAddr())
 		checkAttrs(t, x.role+" connection", s.Attributes(), with(peerAttrs(t, x.c),
-			"rdmagrpc.connection.role", x.role, "rdmagrpc.provider", x.c.provider,
+			"rdmagrpc.connection.role", x.role, "rdmagrpc.provider", x.c.provider, "rdmagrpc.provider.reason", x.c.o.providerWhy,
 			"network.local.address", lh, "network.local.port", lp))
 		if s.Status().Code != codes.Unset || s.SpanKind().String() != "internal" || s.Parent().IsValid() {
 			t.Errorf("%s connection span: status %v, kind %v, parent %v; want unset, internal, a root", x.role, s.Status(), s.SpanKind(), s.Parent())

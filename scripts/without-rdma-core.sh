@@ -34,13 +34,13 @@ set -euo pipefail
 work=$1 repo=$2 gocache=$3 gomodcache=$4 goroot=$5
 mount -t tmpfs tmpfs "$work"
 mkdir -p "$work"/{upper,wk,root}
-n=0
+whited=0
 while read -r f; do
   [ -n "$f" ] || continue
   if [ -f "$f" ] || [ -L "$f" ]; then
     mkdir -p "$work/upper$(dirname "$f")"
     mknod "$work/upper$f" c 0 0 # an overlay whiteout: the file is gone
-    n=$((n + 1))
+    whited=$((whited + 1))
   fi
 done <&3
 mount -t overlay overlay -o "lowerdir=/,upperdir=$work/upper,workdir=$work/wk" "$work/root"
@@ -54,6 +54,8 @@ for n in null zero full random urandom tty; do
 done
 mkdir "$r/dev/shm" "$r/dev/pts"
 mount -t tmpfs -o mode=1777 tmpfs "$r/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666 devpts "$r/dev/pts" # tmux, in rdmatrace's tests
+ln -s pts/ptmx "$r/dev/ptmx"
 ln -s /proc/self/fd "$r/dev/fd"
 mount --rbind /sys "$r/sys"
 for d in "$repo" "$gocache" "$gomodcache" "$goroot"; do
@@ -61,7 +63,7 @@ for d in "$repo" "$gocache" "$gomodcache" "$goroot"; do
   mount --bind "$d" "$r$d"
 done
 mount -t tmpfs tmpfs "$r/tmp"
-echo "without-rdma-core: $n files of rdma-core whited out"
+echo "without-rdma-core: $whited files of rdma-core whited out"
 
 chroot "$r" /usr/bin/env -i PATH="$goroot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
   HOME=/root GOCACHE="$gocache" GOMODCACHE="$gomodcache" GOPROXY=off GOTOOLCHAIN=local \
