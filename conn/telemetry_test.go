@@ -215,11 +215,12 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 	m := h.metrics(t)
 	wantGauges := func(when string, open int64, small, large, rdv int64) {
 		t.Helper()
+		p := ",rdmagrpc.provider=" + a.provider
 		checkPoints(t, when, m, telemetry.MetricConnections, map[string]int64{
-			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client": open,
-			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=client": 0,
-			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=server": 0,
-			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=server": open,
+			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client" + p: open,
+			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=client" + p: 0,
+			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=server" + p: 0,
+			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=server" + p: open,
 		})
 		checkPoints(t, when, m, telemetry.MetricRegistered, map[string]int64{
 			"rdmagrpc.buffer.phase=small": small, "rdmagrpc.buffer.phase=large": large, "rdmagrpc.buffer.phase=rendezvous": rdv,

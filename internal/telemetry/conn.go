@@ -20,8 +20,9 @@ import (
 // Conn is the telemetry of one connection: its span, the parent of its
 // enlargement and rendezvous spans, and its place in the gauges.
 type Conn struct {
-	set  *Set
-	role string
+	set      *Set
+	role     string
+	provider string
 	id   uint64
 	span trace.Span
 	// ctx carries span and nothing else: the dial context may be
@@ -53,7 +54,7 @@ func (s *Set) StartConn(ctx context.Context, role string, id uint64, provider, p
 		KeyConnID.Int64(int64(id)), KeyRole.String(role), KeyProvider.String(provider), KeyProviderWhy.String(providerWhy),
 		semconv.NetworkTransportKey.String(Transport)))
 	return &Conn{
-		set: s, role: role, id: id, span: span,
+		set: s, role: role, provider: provider, id: id, span: span,
 		ctx:   trace.ContextWithSpan(context.Background(), span),
 		rec:   span.IsRecording(),
 		stall: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(KeyRole.String(role)))},
@@ -77,6 +78,7 @@ func (c *Conn) Connected(local, remote net.Addr, snap func() Snapshot) {
 	c.snap = snap
 	c.set.mu.Lock()
 	c.set.live[c] = struct{}{}
+	c.set.providers[c.provider] = struct{}{}
 	c.set.mu.Unlock()
 }
 

@@ -18,7 +18,9 @@ package telemetry
 
 import (
 	"context"
+	"maps"
 	"reflect"
+	"slices"
 	"sync"
 
 	"go.opentelemetry.io/otel"
@@ -112,6 +114,10 @@ const (
 	ServeRefused Outcome = "serve_refused" // receiver: could not provision, refused
 )
 
+// ProviderTCP is the provider of a connection that runs over TCP (a plain
+// gRPC peer, or a fall-back): it has no buffer phase.
+const ProviderTCP = "tcp"
+
 // Phases of rdmagrpc.buffer.phase.
 const (
 	Small      = "small"
@@ -149,6 +155,8 @@ type Set struct {
 
 	mu   sync.Mutex
 	live map[*Conn]struct{}
+	// providers: every provider a connection was made with (gauge series).
+	providers map[string]struct{}
 }
 
 type providers struct {
@@ -192,7 +200,7 @@ func For(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
 }
 
 func newSet(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
-	s := &Set{tracer: tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)), live: map[*Conn]struct{}{}}
+	s := &Set{tracer: tp.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)), live: map[*Conn]struct{}{}, providers: map[string]struct{}{}}
 	m := mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
 	// Instrument errors are reported to otel's error handler by the SDK
 	// and still return a usable (no-op) instrument: telemetry never stops
@@ -216,7 +224,7 @@ func newSet(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
 	s.rendezvousBytes, _ = m.Int64Counter(MetricRendezvousBytes, metric.WithUnit("By"),
 		metric.WithDescription("Bytes advertised (transmit) and fetched (receive) by rendezvous."))
 	_, _ = m.Int64ObservableUpDownCounter(MetricConnections, metric.WithUnit("{connection}"),
-		metric.WithDescription("Open connections by role and sending phase."),
+		metric.WithDescription("Open connections by role, provider and sending phase (tcp connections: no phase)."),
 		metric.WithInt64Callback(s.observeConns))
 	_, _ = m.Int64ObservableUpDownCounter(MetricRegistered, metric.WithUnit("By"),
 		metric.WithDescription("Registered memory of open connections by buffer phase."),
@@ -239,10 +247,6 @@ type Snapshot struct {
 }
 
 var (
-	connAttrs = [2][2]metric.ObserveOption{
-		{metric.WithAttributes(KeyRole.String(Client), KeyPhase.String(Small)), metric.WithAttributes(KeyRole.String(Client), KeyPhase.String(Large))},
-		{metric.WithAttributes(KeyRole.String(Server), KeyPhase.String(Small)), metric.WithAttributes(KeyRole.String(Server), KeyPhase.String(Large))},
-	}
 	memAttrs = [3]metric.ObserveOption{
 		metric.WithAttributes(KeyPhase.String(Small)),
 		metric.WithAttributes(KeyPhase.String(Large)),
@@ -251,7 +255,8 @@ var (
 )
 
 type observed struct {
-	server bool
+	server   bool
+	provider string
 	Snapshot
 }
 
@@ -266,21 +271,43 @@ func (s *Set) snapshots() []observed {
 	s.mu.Unlock()
 	out := make([]observed, 0, len(conns))
 	for _, c := range conns {
-		out = append(out, observed{c.role == Server, c.snap()})
+		out = append(out, observed{c.role == Server, c.provider, c.snap()})
 	}
 	return out
 }
 
 // observeConns reports every role and phase, zeros included, so that a
 // series goes to 0 when its last connection closes instead of vanishing.
+// Every provider seen since the Set was made keeps its series.
 func (s *Set) observeConns(_ context.Context, o metric.Int64Observer) error {
-	var n [2][2]int64
-	for _, x := range s.snapshots() {
-		n[b2i(x.server)][b2i(x.Large)]++
+	type key struct {
+		provider      string
+		server, large bool
 	}
-	for r := range 2 {
-		for p := range 2 {
-			o.Observe(n[r][p], connAttrs[r][p])
+	n := map[key]int64{}
+	for _, x := range s.snapshots() {
+		n[key{x.provider, x.server, x.Large && x.provider != ProviderTCP}]++
+	}
+	s.mu.Lock()
+	providers := slices.Sorted(maps.Keys(s.providers))
+	s.mu.Unlock()
+	for _, p := range providers {
+		for _, server := range []bool{false, true} {
+			role := KeyRole.String(Client)
+			if server {
+				role = KeyRole.String(Server)
+			}
+			if p == ProviderTCP {
+				o.Observe(n[key{p, server, false}], metric.WithAttributes(role, KeyProvider.String(p)))
+				continue
+			}
+			for _, large := range []bool{false, true} {
+				phase := KeyPhase.String(Small)
+				if large {
+					phase = KeyPhase.String(Large)
+				}
+				o.Observe(n[key{p, server, large}], metric.WithAttributes(role, KeyProvider.String(p), phase))
+			}
 		}
 	}
 	return nil

@@ -31,11 +31,10 @@ func unusable(format string, args ...any) error {
 	return fmt.Errorf("verbs: %s: %w", fmt.Sprintf(format, args...), transport.ErrUnusable)
 }
 
-// diagnose checks, before touching libibverbs, that the kernel side of
-// RDMA is present and usable, and names the first missing piece. The
-// libraries themselves are link-time dependencies of this package: a
-// binary built with it does not start without libibverbs.so.1 and
-// librdmacm.so.1 (the dynamic loader says so).
+// diagnose checks, before libibverbs is even loaded, that the kernel side
+// of RDMA is present and usable, and names the first missing piece. The
+// libraries come next (load): a node with no RDMA device is told so, not
+// that rdma-core is missing, which it then does not need.
 func diagnose() error {
 	ibDir := filepath.Join(sysfsRoot, "class", "infiniband")
 	devs, err := os.ReadDir(ibDir)
