@@ -84,9 +84,11 @@ type txRing struct {
 // Conn is an RDMA connection. It implements net.Conn; Stats, CloseWrite
 // and WriteBuffers are its additions.
 type Conn struct {
-	id       uint64
-	provider string
-	device   string
+	id          uint64
+	provider    string
+	providerWhy string
+	device      string
+	tcp         *tcpSide // set: a connection over TCP (tcp.go), nothing below is used
 	o        *options
 	qp       transport.QP
 	pd       transport.PD
@@ -151,7 +153,7 @@ type entry struct {
 // once the QP exists. ctx parents the connection span; role is
 // telemetry.Client or telemetry.Server.
 func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
-	c = &Conn{id: connIDs.Add(1), provider: provider, device: dev.Name(), o: o, changed: make(chan struct{})}
+	c = &Conn{id: connIDs.Add(1), provider: provider, providerWhy: o.providerWhy, device: dev.Name(), o: o, changed: make(chan struct{})}
 	c.tel = o.tel.StartConn(ctx, role, c.id, provider, o.providerWhy)
 	partial := c // the error returns below set c to nil
 	defer func() {
@@ -264,6 +266,9 @@ func expired(dl time.Time) bool { return !dl.IsZero() && !time.Now().Before(dl) 
 // Read reads data written by the peer; io.EOF once the peer closed its
 // direction and everything before was read.
 func (c *Conn) Read(b []byte) (int, error) {
+	if c.tcp != nil {
+		return c.tcp.read(b)
+	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	c.mu.Lock()
@@ -384,6 +389,9 @@ func (c *Conn) postCtlLocked(kind, ring, credits int) error {
 // (M2, M3): the call blocks until the peer's acknowledgement, a refusal,
 // or the acknowledgement time-out, honouring the write deadline.
 func (c *Conn) Write(b []byte) (int, error) {
+	if c.tcp != nil {
+		return c.tcp.write(b)
+	}
 	if c.isClosed() {
 		return 0, c.opErr("write", net.ErrClosed)
 	}
@@ -500,6 +508,9 @@ func (c *Conn) write(b []byte) (int, error) {
 // after the enlargement. Elements above the rendezvous threshold go by
 // rendezvous (M5).
 func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
+	if c.tcp != nil {
+		return c.tcpWriteBuffers(v)
+	}
 	if c.isClosed() {
 		return 0, c.opErr("write", net.ErrClosed)
 	}
@@ -555,6 +566,9 @@ func (c *Conn) writeErrLocked() error {
 
 // CloseWrite ends our direction: the peer reads io.EOF after the data.
 func (c *Conn) CloseWrite() error {
+	if c.tcp != nil {
+		return c.tcpCloseWrite()
+	}
 	if c.isClosed() {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -622,6 +636,9 @@ const closeWait = 100 * time.Millisecond
 // then tears down. Data in the peer's rings is delivered in every case:
 // only rendezvous messages, which the peer fetches from us, need us.
 func (c *Conn) SetLinger(sec int) error {
+	if c.tcp != nil {
+		return c.tcpSetLinger(sec)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -636,6 +653,9 @@ func (c *Conn) SetLinger(sec int) error {
 // connection is released once the peer has what was written, or the
 // linger ran out.
 func (c *Conn) Close() error {
+	if c.tcp != nil {
+		return c.tcpClose()
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -732,10 +752,24 @@ func (c *Conn) release() {
 	}
 }
 
-func (c *Conn) LocalAddr() net.Addr  { return c.qp.LocalAddr() }
-func (c *Conn) RemoteAddr() net.Addr { return c.qp.RemoteAddr() }
+func (c *Conn) LocalAddr() net.Addr {
+	if c.tcp != nil {
+		return c.tcp.nc.LocalAddr()
+	}
+	return c.qp.LocalAddr()
+}
+
+func (c *Conn) RemoteAddr() net.Addr {
+	if c.tcp != nil {
+		return c.tcp.nc.RemoteAddr()
+	}
+	return c.qp.RemoteAddr()
+}
 
 func (c *Conn) SetDeadline(t time.Time) error {
+	if c.tcp != nil {
+		return c.tcp.nc.SetDeadline(t)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rdl, c.wdl = t, t
@@ -744,6 +778,9 @@ func (c *Conn) SetDeadline(t time.Time) error {
 }
 
 func (c *Conn) SetReadDeadline(t time.Time) error {
+	if c.tcp != nil {
+		return c.tcp.nc.SetReadDeadline(t)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rdl = t
@@ -752,6 +789,9 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 }
 
 func (c *Conn) SetWriteDeadline(t time.Time) error {
+	if c.tcp != nil {
+		return c.tcp.nc.SetWriteDeadline(t)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.wdl = t

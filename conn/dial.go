@@ -29,9 +29,25 @@ func setup(opts []Option) (*options, string, transport.Device, error) {
 	return &o, name, dev, err
 }
 
-// Dial connects to an rdmagrpc listener at addr ("host:port").
+// Dial connects to addr ("host:port", a DNS name or an IP literal,
+// "[::1]:7000" for IPv6). Over TCP first, then RDMA when the listener
+// there offers it (negotiate.go); to a plain gRPC server, or when RDMA
+// cannot be had, the connection stays TCP (Stats().Provider "tcp"), unless
+// WithoutFallback. WithoutTCP dials RDMA directly.
 func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
-	o, name, dev, err := setup(opts)
+	o, name, _, err := setup(opts)
+	if err != nil {
+		return nil, err
+	}
+	if o.noTCP {
+		return dialRDMA(ctx, addr, o, name)
+	}
+	return dialNegotiated(ctx, addr, o, name)
+}
+
+// dialRDMA sets up an RDMA connection with the listener at addr.
+func dialRDMA(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
+	dev, err := openDevice(name)
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +97,7 @@ func Dialer(opts ...Option) func(context.Context, string) (net.Conn, error) {
 // Listener accepts rdmagrpc connections; it implements net.Listener.
 type Listener struct {
 	l    transport.Listener
+	tcp  *net.TCPListener // the TCP side (nil: WithoutTCP)
 	dev  transport.Device
 	name string
 	o    *options
@@ -95,28 +112,59 @@ type Listener struct {
 	once    sync.Once
 }
 
-// Listen listens on addr ("host:port"; port 0 picks one, see Addr).
+// Listen listens on addr ("host:port"; port 0 picks one, see Addr): over
+// TCP, where plain gRPC clients are served as they are and rdmagrpc
+// clients are offered RDMA, and over the RDMA provider, on the same port
+// when its port space has it free, else on one it picks (the offer names
+// it). WithoutTCP: RDMA only, on addr.
 func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, error) {
 	o, name, dev, err := setup(opts)
 	if err != nil {
 		return nil, err
 	}
-	tl, err := dev.Listen(addr)
+	var tcpL *net.TCPListener
+	rdmaAddr := addr
+	if !o.noTCP {
+		var lc net.ListenConfig
+		nl, err := lc.Listen(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		tcpL = nl.(*net.TCPListener)
+		host, _, _ := net.SplitHostPort(addr)
+		_, port, _ := net.SplitHostPort(tcpL.Addr().String())
+		rdmaAddr = net.JoinHostPort(host, port)
+	}
+	tl, err := dev.Listen(rdmaAddr)
+	if err != nil && tcpL != nil {
+		host, _, _ := net.SplitHostPort(addr)
+		tl, err = dev.Listen(net.JoinHostPort(host, "0"))
+	}
 	if err != nil {
+		if tcpL != nil {
+			tcpL.Close()
+		}
 		return nil, &net.OpError{Op: "listen", Net: "rdma", Err: err}
 	}
 	if o.peerCheck != nil {
 		pc, ok := tl.(transport.PeerChecker)
 		if !ok {
 			tl.Close()
+			if tcpL != nil {
+				tcpL.Close()
+			}
 			return nil, &net.OpError{Op: "listen", Net: "rdma", Err: fmt.Errorf("conn: WithPeerCheck: the %s provider's peers are not processes of this host; the kernel cannot say who they are", name)}
 		}
 		pc.SetPeerCheck(o.peerCheck)
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	l := &Listener{l: tl, dev: dev, name: name, o: o, backlog: make(chan struct{}, o.backlog), conns: make(chan *Conn), ctx: lctx, cancel: cancel}
+	l := &Listener{l: tl, tcp: tcpL, dev: dev, name: name, o: o, backlog: make(chan struct{}, o.backlog), conns: make(chan *Conn), ctx: lctx, cancel: cancel}
 	l.wg.Add(1)
 	go l.acceptLoop()
+	if tcpL != nil {
+		l.wg.Add(1)
+		go l.serveTCP()
+	}
 	return l, nil
 }
 
@@ -201,6 +249,9 @@ func (l *Listener) Close() error {
 	l.once.Do(func() {
 		l.cancel()
 		err = l.l.Close()
+		if l.tcp != nil {
+			err = errors.Join(err, l.tcp.Close())
+		}
 		l.wg.Wait()
 	})
 	if err != nil {
@@ -209,7 +260,14 @@ func (l *Listener) Close() error {
 	return nil
 }
 
-func (l *Listener) Addr() net.Addr { return l.l.Addr() }
+// Addr is the listener's one address: its TCP side's, or with WithoutTCP
+// its RDMA provider's.
+func (l *Listener) Addr() net.Addr {
+	if l.tcp != nil {
+		return l.tcp.Addr()
+	}
+	return l.l.Addr()
+}
 
 // ErrPeerRefused is what a dial refused by the listener's peer check
 // wraps (shm: by default a listener admits only its own user's processes;

@@ -282,7 +282,7 @@ func TestDialSetupFailure(t *testing.T) {
 	defer l.Close()
 	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, Limit: 1})
 	defer h.Remove()
-	c, err := Dial(t.Context(), l.Addr().String(), WithProvider(faults.Name()))
+	c, err := Dial(t.Context(), l.Addr().String(), WithProvider(faults.Name()), WithoutTCP())
 	if err == nil {
 		c.Close()
 		t.Fatal("dial succeeded with its registration refused")

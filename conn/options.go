@@ -39,6 +39,10 @@ type options struct {
 	backlog      int
 	peerCheck    func(pid, uid, gid int) error
 	logger       *slog.Logger // nil: the process-wide one (SetLogger)
+	// Mixed fleets (negotiate.go).
+	noTCP          bool
+	noFallback     bool
+	upgradeTimeout time.Duration
 	// providerWhy is why pickProvider chose the provider (Stats, span).
 	providerWhy string
 	// OpenTelemetry: nil providers mean the otel globals; tel is what
@@ -81,8 +85,28 @@ func defaults() options {
 		largeSize: DefaultLargeSize, largeCount: DefaultLargeCount,
 		ackTimeout: DefaultAckTimeout, ackRetries: DefaultAckRetries,
 		rdvChunk: DefaultRendezvousChunk, pollSpin: DefaultPollSpin,
-		backlog: defaultBacklog(),
+		backlog: defaultBacklog(), upgradeTimeout: DefaultUpgradeTimeout,
 	}
+}
+
+// WithoutTCP turns the TCP side off: Listen serves rdmagrpc clients over
+// the RDMA provider only (plain gRPC clients cannot reach it), and Dial
+// dials RDMA directly, with no negotiation and no fall-back.
+func WithoutTCP() Option { return func(o *options) { o.noTCP = true } }
+
+// WithoutFallback makes a dial that cannot have RDMA (a plain gRPC
+// server, a server without an RDMA device or with another provider, an
+// upgrade that failed) fail with an error wrapping ErrNoRDMA, instead of
+// carrying on over TCP.
+func WithoutFallback() Option { return func(o *options) { o.noFallback = true } }
+
+// WithUpgradeTimeout bounds the RDMA dial a listener's offer starts
+// (default 2 s); past it the connection stays TCP. Only a peer whose RDMA
+// address is offered but unreachable (RoCE: a NIC the route does not
+// reach) waits that long, and only the first dial to it in 30 s: later
+// ones stay on TCP at once.
+func WithUpgradeTimeout(d time.Duration) Option {
+	return func(o *options) { o.upgradeTimeout = max(d, time.Millisecond) }
 }
 
 // WithLogger sends what this listener's or dialer's connections have to

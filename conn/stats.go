@@ -62,9 +62,12 @@ type Stats struct {
 func (c *Conn) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.tcp != nil {
+		return Stats{Provider: c.provider, ProviderReason: c.providerWhy}
+	}
 	s := c.st
 	s.Provider = c.provider
-	s.ProviderReason = c.o.providerWhy
+	s.ProviderReason = c.providerWhy
 	s.Device = c.device
 	s.SendPhase = phaseNames[c.enl.phase]
 	s.RecvPhase = "small"

@@ -32,6 +32,28 @@ type Provider interface {
 	Open(name string) (Device, error)
 }
 
+// Wrapper is a provider that wraps another (transport/fault): on the wire
+// it is the provider it wraps.
+type Wrapper interface {
+	Inner() Provider
+}
+
+// Family is the name of the provider that name's provider is, or wraps:
+// the providers whose endpoints can connect to each other share it.
+func Family(name string) string {
+	p, err := Get(name)
+	if err != nil {
+		return name
+	}
+	for {
+		w, ok := p.(Wrapper)
+		if !ok {
+			return p.Name()
+		}
+		p = w.Inner()
+	}
+}
+
 // DeviceAttr are the limits of a device, as ibv_query_device reports them.
 type DeviceAttr struct {
 	MaxQPWR     int    // max outstanding work requests per queue

@@ -40,7 +40,8 @@ func Wrap(inner transport.Provider, name string, rules ...Rule) *Injector {
 // Name returns the name given to Wrap.
 func (inj *Injector) Name() string { return inj.name }
 
-// Inner returns the wrapped provider.
+// Inner returns the wrapped provider (transport.Wrapper: on the wire the
+// injector's endpoints are the inner provider's).
 func (inj *Injector) Inner() transport.Provider { return inj.inner }
 
 // Open opens a device of the inner provider and wraps it.

@@ -1,0 +1,390 @@
+package conn
+
+// Mixed fleets: every connection starts over TCP, as Linux SMC-R's do
+// (RFC 7609), and is upgraded to RDMA in band when both ends agree.
+//
+// SMC-R offers the capability in a TCP option of the SYN, which user space
+// cannot set. The stream gRPC speaks has its own extension point instead:
+// HTTP/2 requires an endpoint to ignore SETTINGS parameters it does not
+// know (RFC 9113 §6.5.2), and reserves 0xf000–0xffff for experiments. So
+// an rdmagrpc client opens with exactly what any gRPC client sends, the
+// HTTP/2 client preface and a SETTINGS frame, whose two parameters from
+// that range say "rdmagrpc, version 1, provider P":
+//
+//   - A plain gRPC server (grpc-go, or any HTTP/2 server) ignores them
+//     and answers with its own SETTINGS. Those first bytes are not our
+//     reply magic, so the client keeps this very TCP connection, hands
+//     the bytes read to grpc-go, and drops grpc-go's own copy of the
+//     preface from its first write. A fall-back costs no time-out and no
+//     second connection: one round trip that grpc-go needs anyway.
+//   - An rdmagrpc listener reads the preface and the SETTINGS frame
+//     (which every HTTP/2 client sends at once, so this never waits on a
+//     client that waits for us). Without our parameter it is a plain
+//     client: the connection goes to Accept as it is, the bytes read
+//     replayed. With it, the listener answers with its reply (not HTTP/2:
+//     the client said it understands it): an offer of its RDMA listener's
+//     address when the providers match, else "stay on TCP" and why.
+//   - On an offer the client dials RDMA (bounded by WithUpgradeTimeout).
+//     Success: it resets the TCP connection, the listener sees it go and
+//     the RDMA connection is the one Accept returns. Failure: it sends
+//     stayTCP and both ends carry on over TCP; the listener replays the
+//     client's SETTINGS to grpc-go (harmless: its parameters are ignored,
+//     and grpc-go ignores the extra SETTINGS acknowledgement).
+//
+// A client that cannot reach the TCP side at all (connection refused: a
+// listener made WithoutTCP, or an older rdmagrpc) dials RDMA directly.
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+const (
+	h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+	h2FrameSettings = 0x4
+	// Our SETTINGS parameters, from HTTP/2's experimental range.
+	settingHello    = 0xf0d3 // value settingMagic
+	settingProvider = 0xf0d4 // value providerCode(the client's provider)
+	settingMagic    = 0x52444701
+
+	replyMagic = "RDMG"
+	// replyVersion is the negotiation's version, in the reply.
+	replyVersion = 1
+	verdictRDMA  = 'R' // payload: the RDMA listener's host:port
+	verdictTCP   = 'T' // payload: why not
+	// stayTCP is the client's word after a failed upgrade.
+	stayTCP = 'T'
+
+	// sniffTimeout bounds how long a listener waits for a TCP client's
+	// first bytes; one that sends nothing by then (not an HTTP/2 client)
+	// is handed to Accept as it is.
+	sniffTimeout = 10 * time.Second
+	// maxReply bounds the reply payload a client reads.
+	maxReply = 1 << 10
+)
+
+// aLongTimeAgo is a deadline in the past: setting it wakes a blocked I/O.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// DefaultUpgradeTimeout: see WithUpgradeTimeout.
+const DefaultUpgradeTimeout = 2 * time.Second
+
+func providerCode(name string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return h.Sum32()
+}
+
+// clientStart is the first thing an rdmagrpc client sends: a valid start
+// of an HTTP/2 connection.
+func clientStart(provider string) []byte {
+	b := make([]byte, 0, len(h2Preface)+9+12)
+	b = append(b, h2Preface...)
+	b = append(b, 0, 0, 12, h2FrameSettings, 0, 0, 0, 0, 0)
+	b = binary.BigEndian.AppendUint16(b, settingHello)
+	b = binary.BigEndian.AppendUint32(b, settingMagic)
+	b = binary.BigEndian.AppendUint16(b, settingProvider)
+	b = binary.BigEndian.AppendUint32(b, providerCode(transport.Family(provider)))
+	return b
+}
+
+// sniff reads what a TCP client sends first: the HTTP/2 preface and its
+// first frame, which must be SETTINGS. read is every byte taken (to be
+// replayed if the connection stays TCP); hello says it carries our
+// parameter, with the client's provider code.
+func sniff(r io.Reader) (read []byte, hello bool, provider uint32, err error) {
+	buf := make([]byte, len(h2Preface)+9)
+	n, err := io.ReadFull(r, buf[:len(h2Preface)])
+	if err != nil || string(buf[:n]) != h2Preface {
+		return buf[:n], false, 0, err
+	}
+	if _, err := io.ReadFull(r, buf[len(h2Preface):]); err != nil {
+		return buf[:len(h2Preface)], false, 0, err // a partial frame header is lost with the client
+	}
+	h := buf[len(h2Preface):]
+	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+	if h[3] != h2FrameSettings || length%6 != 0 || length > 16<<10 {
+		return buf, false, 0, nil
+	}
+	payload := make([]byte, length)
+	if _, err := io.ReadFull(r, payload); err != nil {
+		return buf, false, 0, err
+	}
+	read = append(buf, payload...)
+	for p := payload; len(p) >= 6; p = p[6:] {
+		id, v := binary.BigEndian.Uint16(p), binary.BigEndian.Uint32(p[2:])
+		switch id {
+		case settingHello:
+			hello = v == settingMagic
+		case settingProvider:
+			provider = v
+		}
+	}
+	return read, hello, provider, nil
+}
+
+func encodeReply(verdict byte, payload string) []byte {
+	if len(payload) > maxReply {
+		payload = payload[:maxReply]
+	}
+	b := append([]byte(replyMagic), replyVersion, verdict)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(payload)))
+	return append(b, payload...)
+}
+
+// readReply reads the listener's reply after its magic.
+func readReply(r io.Reader) (verdict byte, payload string, err error) {
+	var h [4]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, "", err
+	}
+	if h[0] != replyVersion {
+		return 0, "", fmt.Errorf("conn: negotiation version %d, want %d", h[0], replyVersion)
+	}
+	n := int(binary.BigEndian.Uint16(h[2:]))
+	if n > maxReply {
+		return 0, "", fmt.Errorf("conn: negotiation reply of %d bytes (at most %d)", n, maxReply)
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return 0, "", err
+	}
+	if h[1] != verdictRDMA && h[1] != verdictTCP {
+		return 0, "", fmt.Errorf("conn: negotiation verdict %q unknown", h[1])
+	}
+	return h[1], string(p), nil
+}
+
+// ErrNoRDMA is what a dial WithoutFallback wraps when the server cannot be
+// reached over RDMA.
+var ErrNoRDMA = errors.New("conn: no RDMA to this server (WithoutFallback)")
+
+// failedUpgrades remembers RDMA addresses an upgrade could not reach, so
+// that only the first dial pays WithUpgradeTimeout: later ones stay on TCP
+// at once until the entry expires.
+var failedUpgrades = struct {
+	sync.Mutex
+	m map[string]time.Time
+}{m: map[string]time.Time{}}
+
+const failedUpgradeTTL = 30 * time.Second
+
+func upgradeFailedRecently(addr string) bool {
+	failedUpgrades.Lock()
+	defer failedUpgrades.Unlock()
+	t, ok := failedUpgrades.m[addr]
+	if ok && time.Since(t) > failedUpgradeTTL {
+		delete(failedUpgrades.m, addr)
+		return false
+	}
+	return ok
+}
+
+func noteFailedUpgrade(addr string) {
+	failedUpgrades.Lock()
+	defer failedUpgrades.Unlock()
+	if len(failedUpgrades.m) > 4096 {
+		clear(failedUpgrades.m)
+	}
+	failedUpgrades.m[addr] = time.Now()
+}
+
+// dialNegotiated is Dial's default path: TCP first, then RDMA if the
+// listener offers it (see the top of this file).
+func dialNegotiated(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
+	var d net.Dialer
+	tc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// Nothing on the TCP side: a listener WithoutTCP, or one of
+			// an rdmagrpc without it.
+			return dialRDMA(ctx, addr, o, name)
+		}
+		return nil, err
+	}
+	nc, err := negotiate(ctx, tc.(*net.TCPConn), o, name)
+	if err != nil {
+		tc.Close()
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
+	}
+	return nc, nil
+}
+
+func negotiate(ctx context.Context, tc *net.TCPConn, o *options, name string) (net.Conn, error) {
+	// The dial's context bounds the negotiation too.
+	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	if dl, ok := ctx.Deadline(); ok {
+		tc.SetDeadline(dl)
+	}
+	if _, err := tc.Write(clientStart(name)); err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	var magic [len(replyMagic)]byte
+	n, err := io.ReadFull(tc, magic[:])
+	if err != nil {
+		return nil, ctxErr(ctx, fmt.Errorf("negotiation: the server closed or failed before answering the HTTP/2 preface: %w", err))
+	}
+	if string(magic[:n]) != replyMagic {
+		// An HTTP/2 server that is not rdmagrpc: what it sent is the
+		// start of its SETTINGS frame, grpc-go's to read.
+		why := "the server is a plain gRPC (HTTP/2) server, not rdmagrpc"
+		if o.noFallback {
+			return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
+		}
+		return fellBack(tc, magic[:n], why, o), nil
+	}
+	verdict, payload, err := readReply(tc)
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	if verdict == verdictTCP {
+		why := "the server offers no RDMA: " + payload
+		if o.noFallback {
+			return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
+		}
+		return fellBack(tc, nil, why, o), nil
+	}
+	rdmaAddr := payload
+	var upErr error
+	if upgradeFailedRecently(rdmaAddr) {
+		upErr = fmt.Errorf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL)
+	} else {
+		uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
+		c, err := dialRDMA(uctx, rdmaAddr, o, name)
+		cancel()
+		if err == nil {
+			// The listener sees the reset and lets the TCP side go; no
+			// TIME_WAIT is left on either side.
+			tc.SetLinger(0)
+			tc.Close()
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if rej := (*transport.RejectError)(nil); errors.As(err, &rej) {
+			// The RDMA listener was reached and said no (backlog full,
+			// peer refused): its answer, not a reason to go round it.
+			return nil, err
+		}
+		upErr = err
+		noteFailedUpgrade(rdmaAddr)
+	}
+	why := fmt.Sprintf("the RDMA upgrade failed: %v", upErr)
+	if o.noFallback {
+		return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
+	}
+	if _, err := tc.Write([]byte{stayTCP}); err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	return fellBack(tc, nil, why, o), nil
+}
+
+// fellBack makes the client Conn of a TCP connection that stays TCP.
+func fellBack(tc *net.TCPConn, replay []byte, why string, o *options) *Conn {
+	tc.SetDeadline(time.Time{})
+	o.log().Debug("rdmagrpc: connection over TCP", "remote", tc.RemoteAddr().String(), "why", why)
+	return newTCPConn(telemetry.Client, tc, replay, true, why, o)
+}
+
+// ctxErr prefers the context's error to the deadline it set on the socket.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w (%v)", cerr, err)
+	}
+	return err
+}
+
+// serveTCP is the TCP side of a listener: every connection is sniffed,
+// and handed to Accept as TCP or offered an upgrade.
+func (l *Listener) serveTCP() {
+	defer l.wg.Done()
+	for {
+		tc, err := l.tcp.AcceptTCP()
+		if err != nil {
+			return // closed
+		}
+		l.wg.Add(1)
+		go l.negotiate(tc)
+	}
+}
+
+// negotiate is the listener's half of one TCP connection's set-up.
+func (l *Listener) negotiate(tc *net.TCPConn) {
+	defer l.wg.Done()
+	// The listener's Close ends a negotiation in progress.
+	stop := context.AfterFunc(l.ctx, func() { tc.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	tc.SetReadDeadline(time.Now().Add(sniffTimeout))
+	read, hello, provider, err := sniff(tc)
+	if l.ctx.Err() != nil || (err != nil && len(read) == 0) {
+		tc.Close() // gone, or closing
+		return
+	}
+	// A connection waiting for Accept takes a backlog token, as an RDMA
+	// one does; a negotiation holds none (an upgrading client's RDMA
+	// request needs one meanwhile).
+	handOver := func(why string) {
+		select {
+		case l.backlog <- struct{}{}:
+		default:
+			tc.SetLinger(0) // full: refuse at once
+			tc.Close()
+			return
+		}
+		tc.SetDeadline(time.Time{})
+		c := newTCPConn(telemetry.Server, tc, read, false, why, l.o)
+		select {
+		case l.conns <- c:
+		case <-l.ctx.Done():
+			<-l.backlog
+			c.Close()
+		}
+	}
+	if !hello {
+		handOver("a plain TCP client")
+		return
+	}
+	if provider != providerCode(transport.Family(l.name)) {
+		why := fmt.Sprintf("the server's RDMA provider is %s, not the client's", l.name)
+		if _, err := tc.Write(encodeReply(verdictTCP, why)); err != nil {
+			tc.Close()
+			return
+		}
+		handOver(why)
+		return
+	}
+	// Offer the RDMA listener at the address the client reached us at.
+	local := tc.LocalAddr().(*net.TCPAddr)
+	_, port, _ := net.SplitHostPort(l.l.Addr().String())
+	host := local.IP.String()
+	if local.Zone != "" {
+		host += "%" + local.Zone
+	}
+	if _, err := tc.Write(encodeReply(verdictRDMA, net.JoinHostPort(host, port))); err != nil {
+		tc.Close()
+		return
+	}
+	// The client now dials RDMA; it resets this connection when that
+	// worked, or says stayTCP.
+	tc.SetReadDeadline(time.Now().Add(sniffTimeout + time.Minute))
+	var b [1]byte
+	if _, err := io.ReadFull(tc, b[:]); err != nil || b[0] != stayTCP || l.ctx.Err() != nil {
+		tc.Close()
+		return
+	}
+	handOver("the client could not upgrade to RDMA")
+}
