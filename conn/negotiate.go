@@ -248,7 +248,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, o *options, name string) (n
 	}
 	verdict, payload, err := readReply(tc)
 	if err != nil {
-		return nil, ctxErr(ctx, err)
+		return nil, ctxErr(ctx, fmt.Errorf("negotiation: the rdmagrpc server's reply: %w", err))
 	}
 	if verdict == verdictTCP {
 		why := "the server offers no RDMA: " + payload
@@ -330,8 +330,10 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 	defer stop()
 	tc.SetReadDeadline(time.Now().Add(sniffTimeout))
 	read, hello, provider, err := sniff(tc)
-	if l.ctx.Err() != nil || (err != nil && len(read) == 0) {
-		tc.Close() // gone, or closing
+	var ne net.Error
+	silent := errors.As(err, &ne) && ne.Timeout() // sent too little: not HTTP/2, maybe a client that waits for us
+	if l.ctx.Err() != nil || (err != nil && !silent) {
+		tc.Close() // gone (mid-preface or before), or closing
 		return
 	}
 	// A connection waiting for Accept takes a backlog token, as an RDMA

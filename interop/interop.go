@@ -12,6 +12,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -109,12 +110,41 @@ func Listen(ctx context.Context, addr string, opts ...conn.Option) (net.Listener
 }
 
 // Run dials addr over rdmagrpc and runs cases in order, writing "PASS
-// name" after each. grpc-go's case code ends the process on a failure,
-// as its own interop client does; the last line written names the case.
+// name" after each, then "PROVIDER p" for each connection the client made
+// (p as Stats reports it: tcp when it fell back). grpc-go's case code
+// ends the process on a failure, as its own interop client does; the last
+// line written names the case.
 func Run(ctx context.Context, addr string, cases []Case, out io.Writer, opts ...conn.Option) error {
+	var mu sync.Mutex
+	var conns []*conn.Conn
+	dial := conn.Dialer(opts...)
+	err := run(ctx, addr, cases, out, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+		nc, err := dial(ctx, a)
+		if c, ok := nc.(*conn.Conn); ok {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+		return nc, err
+	}))
+	mu.Lock()
+	defer mu.Unlock()
+	for _, c := range conns {
+		s := c.Stats()
+		fmt.Fprintf(out, "PROVIDER %s (%s)\n", s.Provider, s.ProviderReason)
+	}
+	return err
+}
+
+// RunTCP is Run with grpc-go's own TCP dialer: a client that has not
+// adopted rdmagrpc.
+func RunTCP(ctx context.Context, addr string, cases []Case, out io.Writer) error {
+	return run(ctx, addr, cases, out)
+}
+
+func run(ctx context.Context, addr string, cases []Case, out io.Writer, opts ...grpc.DialOption) error {
 	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithContextDialer(conn.Dialer(opts...)),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return fmt.Errorf("interop: client for %s: %w", addr, err)
 	}

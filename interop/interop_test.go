@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmagrpc/rdmagrpc/conn"
 	"github.com/rdmagrpc/rdmagrpc/interop"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
@@ -37,9 +39,17 @@ func listenAddr() string {
 	return "127.0.0.1:0"
 }
 
+// envTCP makes the child a plain grpc-go server or client over TCP, one
+// that has not adopted rdmagrpc.
+const envTCP = "RDMAGRPC_INTEROP_TCP"
+
 // server serves until its stdin closes, after printing its address.
 func server() int {
-	l, err := interop.Listen(context.Background(), listenAddr())
+	listen := func() (net.Listener, error) { return interop.Listen(context.Background(), listenAddr()) }
+	if os.Getenv(envTCP) != "" {
+		listen = func() (net.Listener, error) { return net.Listen("tcp", listenAddr()) }
+	}
+	l, err := listen()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -53,17 +63,48 @@ func server() int {
 }
 
 func client(addr string) int {
-	if err := interop.Run(context.Background(), addr, interop.Cases, os.Stdout); err != nil {
+	run := interop.Run
+	if os.Getenv(envTCP) != "" {
+		run = func(ctx context.Context, addr string, cases []interop.Case, out io.Writer, _ ...conn.Option) error {
+			return interop.RunTCP(ctx, addr, cases, out)
+		}
+	}
+	if err := run(context.Background(), addr, interop.Cases, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 0
 }
 
-// Every applicable interop case, server and client in two processes.
+// Every applicable interop case, server and client in two processes:
+// rdmagrpc at both ends (over RDMA), a plain grpc-go client over TCP to an
+// rdmagrpc server (one address serves both), and an rdmagrpc client to a
+// plain grpc-go server (it falls back to TCP).
 func TestInteropTwoProcesses(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		tcpServer, tcpClient bool
+		provider             string // what the rdmagrpc client's connections report; "" for a TCP client
+	}{
+		{"rdmagrpc-both", false, false, "rdma"},
+		{"tcp-client-to-rdmagrpc-server", false, true, ""},
+		{"rdmagrpc-client-to-tcp-server", true, false, "tcp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			interopPair(t, tc.tcpServer, tc.tcpClient, tc.provider)
+		})
+	}
+}
+
+func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
+	flag := func(on bool) string {
+		if on {
+			return envTCP + "=1"
+		}
+		return envTCP + "="
+	}
 	srv := exec.Command(os.Args[0], "-test.run=^$")
-	srv.Env = append(os.Environ(), envRole+"=server")
+	srv.Env = append(os.Environ(), envRole+"=server", flag(tcpServer))
 	stdin, err := srv.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -86,12 +127,27 @@ func TestInteropTwoProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cli := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cli.Env = append(os.Environ(), envRole+"=client", "RDMAGRPC_INTEROP_ADDR="+addr)
+	cli.Env = append(os.Environ(), envRole+"=client", "RDMAGRPC_INTEROP_ADDR="+addr, flag(tcpClient))
 	out, err := cli.CombinedOutput()
 	passed := map[string]bool{}
+	var providers []string
 	for line := range strings.Lines(string(out)) {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == "PASS" {
 			passed[f[1]] = true
+		}
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "PROVIDER" {
+			providers = append(providers, f[1])
+		}
+	}
+	switch {
+	case provider == "" && len(providers) != 0:
+		t.Errorf("a plain TCP client reported rdmagrpc connections %v", providers)
+	case provider != "" && len(providers) == 0:
+		t.Errorf("the rdmagrpc client reported no connection")
+	}
+	for _, p := range providers {
+		if provider == "rdma" && p == "tcp" || provider == "tcp" && p != "tcp" {
+			t.Errorf("client connection over %s, want %s", p, provider)
 		}
 	}
 	for _, c := range interop.Cases {
@@ -102,7 +158,7 @@ func TestInteropTwoProcesses(t *testing.T) {
 	if err != nil || t.Failed() {
 		t.Fatalf("client: %v\n%s", err, out)
 	}
-	t.Logf("%d of %d interop cases passed across two processes:\n%s", len(passed), len(interop.Cases), out)
+	t.Logf("%d of %d interop cases passed across two processes, client connections over %v:\n%s", len(passed), len(interop.Cases), providers, out)
 	stdin.Close()
 	if err := srv.Wait(); err != nil {
 		t.Fatalf("server: %v", err)

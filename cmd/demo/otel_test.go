@@ -164,7 +164,7 @@ func TestDemoExportsOpenTelemetry(t *testing.T) {
 		return out
 	}
 	open := points(exports[0], "rdmagrpc.connection.count")
-	if open["rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client"] != 1 || open["rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=server"] != 1 {
+	if open["rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client,rdmagrpc.provider=shm"] != 1 || open["rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=server,rdmagrpc.provider=shm"] != 1 {
 		t.Errorf("open connections at the snapshot: %v, want one client and one server, both large", open)
 	}
 	enlargements := points(exports[1], "rdmagrpc.enlargement.count")

@@ -1,0 +1,349 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/fault"
+)
+
+// otherFamily is a provider that is not shm on the wire (it does not say
+// it wraps it): a listener on shm must not offer it RDMA.
+type otherFamily struct{ transport.Provider }
+
+func (otherFamily) Name() string { return "conn-test-other-family" }
+
+func init() {
+	p, err := transport.Get("shm")
+	if err != nil {
+		panic(err)
+	}
+	transport.Register(otherFamily{p})
+}
+
+// capture records what a listener accepts.
+type capture struct {
+	net.Listener
+	got chan net.Conn
+}
+
+func (c capture) Accept() (net.Conn, error) {
+	nc, err := c.Listener.Accept()
+	if err == nil {
+		c.got <- nc
+	}
+	return nc, err
+}
+
+// serveHealth serves grpc-go's health service on l.
+func serveHealth(t *testing.T, l net.Listener) {
+	s := grpc.NewServer()
+	healthgrpc.RegisterHealthServer(s, health.NewServer())
+	go s.Serve(l)
+	t.Cleanup(s.Stop)
+}
+
+// check makes one health RPC to addr; dialer nil is grpc-go's own TCP.
+func check(t *testing.T, addr string, dialer func(context.Context, string) (net.Conn, error)) {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(dialer))
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := healthgrpc.NewHealthClient(cc).Check(ctx, &healthgrpc.HealthCheckRequest{})
+	if err != nil || r.Status != healthgrpc.HealthCheckResponse_SERVING {
+		t.Fatalf("health check over %s: %v %v", addr, r, err)
+	}
+}
+
+// recording is a dialer that keeps the connections it made.
+func recording(opts ...Option) (func(context.Context, string) (net.Conn, error), chan *Conn) {
+	got := make(chan *Conn, 16)
+	d := Dialer(opts...)
+	return func(ctx context.Context, a string) (net.Conn, error) {
+		nc, err := d(ctx, a)
+		if err == nil {
+			got <- nc.(*Conn)
+		}
+		return nc, err
+	}, got
+}
+
+func wantProvider(t *testing.T, who string, c *Conn, provider, why string) {
+	t.Helper()
+	s := c.Stats()
+	if s.Provider != provider || !strings.Contains(s.ProviderReason, why) {
+		t.Errorf("%s connection: provider %q (%s), want %q (%s)", who, s.Provider, s.ProviderReason, provider, why)
+	}
+}
+
+// One address serves both: a plain grpc-go client over TCP, and an
+// rdmagrpc client over RDMA.
+func TestMixedOneAddressServesBoth(t *testing.T) {
+	l, err := Listen(t.Context(), testAddr(), WithProvider("shm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := capture{l, make(chan net.Conn, 16)}
+	serveHealth(t, cl)
+	addr := l.Addr().String()
+
+	check(t, addr, nil)
+	wantProvider(t, "server side of the plain client's", (<-cl.got).(*Conn), "tcp", "a plain TCP client")
+
+	dial, got := recording(WithProvider("shm"))
+	check(t, addr, dial)
+	wantProvider(t, "rdmagrpc client", <-got, "shm", "option")
+	wantProvider(t, "server side of the rdmagrpc client's", (<-cl.got).(*Conn), "shm", "option")
+}
+
+// To a server that has not adopted rdmagrpc, a dial is a TCP dial: no
+// time-out, one connection; WithoutFallback fails at once instead.
+func TestMixedFallbackToPlainServer(t *testing.T) {
+	tl, err := net.Listen("tcp", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveHealth(t, tl)
+	addr := tl.Addr().String()
+
+	dial, got := recording(WithProvider("shm"))
+	check(t, addr, dial)
+	wantProvider(t, "client", <-got, "tcp", "plain gRPC (HTTP/2) server")
+
+	start := time.Now()
+	_, err = Dial(t.Context(), addr, WithProvider("shm"), WithoutFallback())
+	if !errors.Is(err, ErrNoRDMA) {
+		t.Fatalf("WithoutFallback to a plain server: %v, want ErrNoRDMA", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("WithoutFallback took %v: it waited for something", d)
+	}
+	t.Logf("WithoutFallback: %v (in %v)", err, time.Since(start).Round(time.Microsecond))
+}
+
+// A listener whose provider the client does not have says so and both
+// stay on TCP.
+func TestMixedProviderMismatch(t *testing.T) {
+	l, err := Listen(t.Context(), testAddr(), WithProvider("shm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := capture{l, make(chan net.Conn, 16)}
+	serveHealth(t, cl)
+	dial, got := recording(WithProvider(otherFamily{}.Name()))
+	check(t, l.Addr().String(), dial)
+	wantProvider(t, "client", <-got, "tcp", "the server offers no RDMA: the server's RDMA provider is shm")
+	wantProvider(t, "server side", (<-cl.got).(*Conn), "tcp", "provider is shm")
+
+	_, err = Dial(t.Context(), l.Addr().String(), WithProvider(otherFamily{}.Name()), WithoutFallback())
+	if !errors.Is(err, ErrNoRDMA) {
+		t.Fatalf("WithoutFallback: %v, want ErrNoRDMA", err)
+	}
+}
+
+// An offered upgrade that fails (here the client's first registration)
+// leaves both ends on the TCP connection they negotiated on.
+func TestMixedUpgradeFails(t *testing.T) {
+	waitLingering(t)
+	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := capture{l, make(chan net.Conn, 16)}
+	serveHealth(t, cl)
+	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, Limit: 1})
+	defer h.Remove()
+	dial, got := recording(WithProvider(faults.Name()))
+	check(t, l.Addr().String(), dial)
+	if h.Fired() != 1 {
+		t.Fatalf("rule fired %d times", h.Fired())
+	}
+	wantProvider(t, "client", <-got, "tcp", "the RDMA upgrade failed")
+	wantProvider(t, "server side", (<-cl.got).(*Conn), "tcp", "the client could not upgrade")
+}
+
+// Names and literals as grpc-go users write them.
+func TestMixedAddresses(t *testing.T) {
+	for _, addr := range []string{"localhost:0", "[::1]:0", "127.0.0.1:0"} {
+		t.Run(addr, func(t *testing.T) {
+			l, err := Listen(t.Context(), addr, WithProvider("shm"))
+			if err != nil {
+				if strings.HasPrefix(addr, "[::1]") {
+					t.Skipf("no IPv6 loopback here: %v", err)
+				}
+				t.Fatal(err)
+			}
+			serveHealth(t, l)
+			_, port, _ := net.SplitHostPort(l.Addr().String())
+			host, _, _ := net.SplitHostPort(addr)
+			dial, got := recording(WithProvider("shm"))
+			check(t, net.JoinHostPort(host, port), dial)
+			wantProvider(t, "client", <-got, "shm", "option")
+		})
+	}
+}
+
+// The server's side of the negotiation cut at every step: the dial fails
+// with a clear error, or falls back cleanly.
+func TestNegotiationCutByServer(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		serve func(c net.Conn)
+		want  string // in the dial error; "" for a fall-back
+	}{
+		{"at accept", func(c net.Conn) {}, "closed or failed before answering"},
+		{"after the preface", func(c net.Conn) { io.ReadFull(c, make([]byte, len(clientStart("shm")))) }, "closed or failed before answering"},
+		{"mid-reply", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+			c.Write(encodeReply(verdictRDMA, "127.0.0.1:1")[:6])
+		}, "EOF"},
+		{"bad verdict", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+			c.Write(encodeReply('X', ""))
+		}, "verdict"},
+		{"offer unreachable", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+			c.Write(encodeReply(verdictRDMA, "127.0.0.1:1"))
+			io.ReadFull(c, make([]byte, 1)) // stayTCP
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tl, err := net.Listen("tcp", testAddr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tl.Close()
+			go func() {
+				c, err := tl.Accept()
+				if err != nil {
+					return
+				}
+				tc.serve(c)
+				c.Close()
+			}()
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			nc, err := Dial(ctx, tl.Addr().String(), WithProvider("shm"))
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("want a fall-back, got %v", err)
+			case tc.want == "":
+				wantProvider(t, "client", nc.(*Conn), "tcp", "the RDMA upgrade failed")
+				if _, err := nc.Read(make([]byte, 1)); err == nil {
+					t.Fatal("read from a closed server succeeded")
+				}
+				nc.Close()
+			case err == nil:
+				nc.Close()
+				t.Fatalf("dial succeeded, want an error with %q", tc.want)
+			case !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("dial error %q, want %q in it", err, tc.want)
+			default:
+				t.Logf("%v", err)
+			}
+		})
+	}
+}
+
+// The client's side cut at every step: the listener serves on, delivers
+// nothing half set up, and leaks nothing.
+func TestNegotiationCutByClient(t *testing.T) {
+	waitLingering(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	start := clientStart(faults.Name())
+	for _, tc := range []struct {
+		name     string
+		act      func(c net.Conn)
+		accepted bool // a TCP connection reaches Accept
+	}{
+		{"at connect", func(c net.Conn) {}, false},
+		{"mid-preface", func(c net.Conn) { c.Write(start[:10]) }, false},
+		{"before the reply", func(c net.Conn) { c.Write(start) }, false},
+		{"after the offer", func(c net.Conn) {
+			c.Write(start)
+			io.ReadFull(c, make([]byte, 8))
+		}, false},
+		{"after staying on TCP", func(c net.Conn) {
+			c.Write(start)
+			var h [8]byte
+			io.ReadFull(c, h[:])
+			io.ReadFull(c, make([]byte, int(h[6])<<8|int(h[7])))
+			c.Write([]byte{stayTCP})
+		}, true},
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.act(c)
+		c.Close()
+		got := make(chan net.Conn, 1)
+		go func() {
+			nc, err := l.Accept()
+			if err != nil {
+				nc = nil
+			}
+			got <- nc
+		}()
+		select {
+		case nc := <-got:
+			if nc == nil || !tc.accepted {
+				t.Fatalf("%s: Accept returned %v", tc.name, nc)
+			}
+			wantProvider(t, tc.name, nc.(*Conn), "tcp", "could not upgrade")
+			nc.Close()
+		case <-time.After(200 * time.Millisecond):
+			if tc.accepted {
+				t.Fatalf("%s: nothing accepted", tc.name)
+			}
+			l.Close() // ends the waiting Accept
+			<-got
+			if l, err = Listen(t.Context(), testAddr(), WithProvider(faults.Name())); err != nil {
+				t.Fatal(err)
+			}
+			addr = l.Addr().String()
+		}
+	}
+	// The listener still serves.
+	c, err := Dial(t.Context(), addr, WithProvider(faults.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if nc, err := l.Accept(); err == nil {
+			nc.Close()
+		}
+	}()
+	wantProvider(t, "after the cuts", c.(*Conn), faults.Name(), "option")
+	c.Close()
+	l.Close()
+	waitLingering(t)
+	if live := faults.Live(); live.PDs != 0 || live.MRs != 0 || live.CQs != 0 || live.QPs != 0 {
+		t.Fatalf("live after the cuts: %+v", live)
+	}
+}
