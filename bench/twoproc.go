@@ -154,6 +154,11 @@ func (rep *Report) twoProcess(ctx context.Context, t network) error {
 	}
 	defer s.stop()
 	if t.name != RDMARings {
+		if err := rep.dialCosts(ctx, t, s.grpc); err != nil {
+			return err
+		}
+	}
+	if t.name != RDMARings {
 		cc, err := grpc.NewClient("passthrough:///"+s.grpc,
 			grpc.WithContextDialer(t.dial),
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -355,6 +360,24 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", x.label, tcp, ux, rm, bc, ratio(rv, tv), ratio(rv, bv))
 	}
 
+	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: TCP, negotiation, RDMA set-up), "+
+		"and a new grpc.ClientConn's dial to its first answered 64 B RPC; against the TCP server, a plain grpc-go one, the same for conn.Dial, which falls back to TCP:\n\n")
+	fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | rdmagrpc / TCP |\n|---|---:|---:|---:|---:|\n", rd)
+	for _, x := range []struct{ name, label string }{{rowDial(), "dial"}, {rowDialRPC(), "dial to first RPC"}} {
+		tcp, tv := r.cell(x.name, TCP, seconds)
+		ux, _ := r.cell(x.name, Unix, seconds)
+		rm, rv := r.cell(x.name, RDMA, seconds)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", x.label, tcp, ux, rm, ratio(rv, tv))
+	}
+	for _, x := range []struct{ name, ref, label string }{
+		{rowFallbackDial(), rowDial(), "rdmagrpc dial to the plain TCP server (fall-back)"},
+		{rowFallbackDialRPC(), rowDialRPC(), "... to first RPC"},
+	} {
+		fb, fv := r.cell(x.name, TCP, seconds)
+		_, tv := r.cell(x.ref, TCP, seconds)
+		fmt.Fprintf(w, "| %s | %s (%s of a TCP one) | | | |\n", x.label, fb, ratio(fv, tv))
+	}
+
 	fmt.Fprintf(w, "\nRaw net.Conn across two processes: the bench process writes, a child reads to EOF and says how much arrived; CPU per MB of each process:\n\n")
 	fmt.Fprintf(w, "| write size | memcpy | TCP loopback | unix socket | %s | %s, rings only | rings / TCP | writer CPU/MB TCP | writer CPU/MB rings | reader CPU/MB TCP | reader CPU/MB rings |\n", rd, rd)
 	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -384,6 +407,16 @@ func (r *Report) twoProcGoals() []Goal {
 			return 0, "", false
 		}
 		return v / tcp, ratio(v, tcp), true
+	}
+	for _, x := range []struct{ fb, ref, name string }{
+		{rowFallbackDial(), rowDial(), "fall-back dial ≤ 1.5× a TCP dial"},
+		{rowFallbackDialRPC(), rowDialRPC(), "fall-back dial to first RPC ≤ 1.5× TCP's"},
+	} {
+		fb, ok1 := r.Median(x.fb, TCP)
+		tcp, ok2 := r.Median(x.ref, TCP)
+		if ok1 && ok2 && tcp > 0 {
+			gs = append(gs, Goal{x.name + " (issue 18)", ratio(fb, tcp), fb <= 1.5*tcp})
+		}
 	}
 	if x, s, ok := rat(row2(rowRaw(32<<10)), RDMARings); ok {
 		gs = append(gs, Goal{"raw 32 KiB writes ≥ 2× TCP (target 3×), two processes", s, x >= 2})

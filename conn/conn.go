@@ -89,12 +89,12 @@ type Conn struct {
 	providerWhy string
 	device      string
 	tcp         *tcpSide // set: a connection over TCP (tcp.go), nothing below is used
-	o        *options
-	qp       transport.QP
-	pd       transport.PD
-	cq       transport.CQ
-	pool     *bufpool.Pool
-	tel      *telemetry.Conn // nil-safe; see conn/telemetry.go
+	o           *options
+	qp          transport.QP
+	pd          transport.PD
+	cq          transport.CQ
+	pool        *bufpool.Pool
+	tel         *telemetry.Conn // nil-safe; see conn/telemetry.go
 	// inlineMax is the largest message the provider sends inline from
 	// the caller's memory (0: none): a ring whose slots fit needs no
 	// registered staging, and each write is one copy instead of two.
