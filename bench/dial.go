@@ -31,36 +31,29 @@ func rowFallbackDial() string    { return row2("rdmagrpc fall-back dial p50") }
 func rowFallbackDialRPC() string { return row2("rdmagrpc fall-back dial to first RPC p50") }
 
 func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error {
-	add := func(row string, dial func(context.Context, string) (net.Conn, error)) error {
-		d, err := medianDial(ctx, dial, addr)
+	type dialer = func(context.Context, string) (net.Conn, error)
+	add := func(row string, measure func(context.Context, dialer, string) (time.Duration, error), dial dialer) error {
+		d, err := measure(ctx, dial, addr)
 		if err != nil {
 			return fmt.Errorf("%s: %s: %w", t.name, row, err)
 		}
 		rep.add(row, t.name, d.Seconds())
 		return nil
 	}
-	addRPC := func(row string, dial func(context.Context, string) (net.Conn, error)) error {
-		d, err := medianFirstRPC(ctx, dial, addr)
-		if err != nil {
-			return fmt.Errorf("%s: %s: %w", t.name, row, err)
-		}
-		rep.add(row, t.name, d.Seconds())
-		return nil
-	}
-	if err := add(rowDial(), t.dial); err != nil {
+	if err := add(rowDial(), medianDial, t.dial); err != nil {
 		return err
 	}
-	if err := addRPC(rowDialRPC(), t.dial); err != nil {
+	if err := add(rowDialRPC(), medianFirstRPC, t.dial); err != nil {
 		return err
 	}
 	if t.name != TCP {
 		return nil
 	}
 	fallback := conn.Dialer(rep.Config.ConnOptions...)
-	if err := add(rowFallbackDial(), fallback); err != nil {
+	if err := add(rowFallbackDial(), medianDial, fallback); err != nil {
 		return err
 	}
-	return addRPC(rowFallbackDialRPC(), fallback)
+	return add(rowFallbackDialRPC(), medianFirstRPC, fallback)
 }
 
 func medianDial(ctx context.Context, dial func(context.Context, string) (net.Conn, error), addr string) (time.Duration, error) {

@@ -23,8 +23,8 @@ type Conn struct {
 	set      *Set
 	role     string
 	provider string
-	id   uint64
-	span trace.Span
+	id       uint64
+	span     trace.Span
 	// ctx carries span and nothing else: the dial context may be
 	// cancelled or carry values the connection must not keep alive.
 	ctx context.Context
