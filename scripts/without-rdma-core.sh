@@ -58,11 +58,12 @@ mount -t devpts -o newinstance,ptmxmode=0666 devpts "$r/dev/pts" # tmux, in rdma
 ln -s pts/ptmx "$r/dev/ptmx"
 ln -s /proc/self/fd "$r/dev/fd"
 mount --rbind /sys "$r/sys"
+# A fresh /tmp first: the repository may live under it (CI's clean clone).
+mount -t tmpfs tmpfs "$r/tmp"
 for d in "$repo" "$gocache" "$gomodcache" "$goroot"; do
   mkdir -p "$r$d"
   mount --bind "$d" "$r$d"
 done
-mount -t tmpfs tmpfs "$r/tmp"
 echo "without-rdma-core: $whited files of rdma-core whited out"
 
 chroot "$r" /usr/bin/env -i PATH="$goroot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
