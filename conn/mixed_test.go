@@ -334,16 +334,24 @@ func TestNegotiationCutByClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
 		if nc, err := l.Accept(); err == nil {
 			nc.Close()
 		}
 	}()
 	wantProvider(t, "after the cuts", c.(*Conn), faults.Name(), "option")
 	c.Close()
+	<-served
 	l.Close()
 	waitLingering(t)
-	if live := faults.Live(); live.PDs != 0 || live.MRs != 0 || live.CQs != 0 || live.QPs != 0 {
+	// Both ends' teardowns finish on their own (a slow guest takes a while).
+	live := faults.Live()
+	for end := time.Now().Add(10 * time.Second); (live.PDs != 0 || live.MRs != 0 || live.CQs != 0 || live.QPs != 0) && time.Now().Before(end); live = faults.Live() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if live.PDs != 0 || live.MRs != 0 || live.CQs != 0 || live.QPs != 0 {
 		t.Fatalf("live after the cuts: %+v", live)
 	}
 }

@@ -214,7 +214,14 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		}
 		return nil, err
 	}
+	// The dial's context bounds the negotiation: it cuts the socket's
+	// deadline short. A connection returned after that fired is unusable.
+	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(aLongTimeAgo) })
 	nc, err := negotiate(ctx, tc.(*net.TCPConn), o, name)
+	if !stop() && err == nil {
+		nc.Close()
+		err = ctx.Err()
+	}
 	if err != nil {
 		tc.Close()
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
@@ -223,9 +230,6 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 }
 
 func negotiate(ctx context.Context, tc *net.TCPConn, o *options, name string) (net.Conn, error) {
-	// The dial's context bounds the negotiation too.
-	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(aLongTimeAgo) })
-	defer stop()
 	if dl, ok := ctx.Deadline(); ok {
 		tc.SetDeadline(dl)
 	}
