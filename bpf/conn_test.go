@@ -100,10 +100,13 @@ func TestConnEnlargementMarker(t *testing.T) {
 			}
 			tg.run(t)
 			outcomes := map[uint32]int{}
-			regs := 0
+			regs, opened := 0, 0
 			for _, ev := range drain(t, tr) {
 				if ev.Kind == KindRegister {
 					regs++
+				}
+				if ev.Kind == KindConnection && ev.Outcome == OutcomeOpenedRDMA {
+					opened++
 				}
 				if ev.Kind != KindEnlargement {
 					continue
@@ -118,6 +121,9 @@ func TestConnEnlargementMarker(t *testing.T) {
 			}
 			if regs == 0 {
 				t.Errorf("no shm registration seen")
+			}
+			if opened != 2*n { // both ends of each pair
+				t.Errorf("%d connections seen opening over RDMA, want %d", opened, 2*n)
 			}
 		})
 	}

@@ -29,7 +29,7 @@ type Event struct {
 	Access               uint32 // IBV_ACCESS_* bits
 	LKey, RKey           uint32 // libibverbs registrations only
 
-	// KindEnlargement only (conn.enlargementMarker arguments).
+	// KindEnlargement and KindConnection (conn.enlargementMarker arguments).
 	ConnID          uint64
 	FromSize        uint32
 	ToSize          uint32
@@ -103,6 +103,9 @@ func decodeGo(ev *Event, raw *probesEvent, fn *GoFunc) {
 		ev.ToSize = uint32(args[markerTo])
 		ev.EnlargeDuration = time.Duration(int64(args[markerDuration]))
 		ev.Outcome = uint32(args[markerOutcome])
+		if ev.Outcome >= OutcomeOpenedRDMA && ev.Outcome <= OutcomeClosed {
+			ev.Kind = KindConnection
+		}
 		return
 	}
 	ev.Addr = reg(args, fn.Addr)

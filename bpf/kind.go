@@ -8,6 +8,18 @@ const (
 	KindDeregister
 	KindReregister
 	KindEnlargement
+	// KindConnection: a connection opened (over RDMA or TCP) or closed;
+	// conn reports it on the enlargement marker with an outcome code of
+	// its own (OutcomeOpenedRDMA...).
+	KindConnection
+)
+
+// The enlargement marker's outcome codes of connection events (conn's
+// outcomeOpenedRDMA, outcomeOpenedTCP, outcomeClosed).
+const (
+	OutcomeOpenedRDMA = 7
+	OutcomeOpenedTCP  = 8
+	OutcomeClosed     = 9
 )
 
 func (k Kind) String() string {
@@ -20,6 +32,8 @@ func (k Kind) String() string {
 		return "rereg"
 	case KindEnlargement:
 		return "enlarge"
+	case KindConnection:
+		return "conn"
 	}
 	return "unknown"
 }

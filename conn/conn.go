@@ -88,7 +88,8 @@ type Conn struct {
 	provider    string
 	providerWhy string
 	device      string
-	tcp         *tcpSide // set: a connection over TCP (tcp.go), nothing below is used
+	tcp         *tcpSide    // set: a connection over TCP (tcp.go), nothing below is used
+	opened      atomic.Bool // start succeeded: release reports the close to the marker
 	o           *options
 	qp          transport.QP
 	pd          transport.PD
@@ -218,6 +219,8 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 		}
 	}
 	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
+	c.opened.Store(true)
+	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)
 	c.startPolling()
 	return nil
 }
@@ -731,6 +734,9 @@ func (c *Conn) teardown(deadline time.Time) {
 // release frees what newConn, start, the enlargements and the
 // rendezvous transfers created.
 func (c *Conn) release() {
+	if c.opened.Load() {
+		enlargementMarker(c.id, 0, 0, 0, outcomeClosed)
+	}
 	c.endTelemetry()
 	c.releaseRendezvous()
 	if c.qp != nil {

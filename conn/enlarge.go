@@ -31,9 +31,16 @@ const (
 	outcomeLocalErr
 	outcomeServed     // receiver side: provisioned and acknowledged
 	outcomeServeError // receiver side: refused
+	// Connection events travel on the same marker, so that the one probe
+	// rdmatrace attaches sees them (bpf.KindConnection; codes mirrored
+	// there): a connection opened over RDMA or TCP, and closed.
+	outcomeOpenedRDMA
+	outcomeOpenedTCP
+	outcomeClosed
 )
 
-var outcomeNames = [...]string{"", "enlarged", "refused by peer", "ack timed out", "local registration failed", "served", "refused"}
+var outcomeNames = [...]string{"", "enlarged", "refused by peer", "ack timed out", "local registration failed", "served", "refused",
+	"opened over RDMA", "opened over TCP", "closed"}
 
 // enlargement is the state of M3 on both sides of a connection.
 type enlargement struct {

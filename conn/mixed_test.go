@@ -355,3 +355,62 @@ func TestNegotiationCutByClient(t *testing.T) {
 		t.Fatalf("live after the cuts: %+v", live)
 	}
 }
+
+// An offered RDMA address that does not answer costs WithUpgradeTimeout
+// once; the next dials to it stay on TCP at once.
+func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
+	p, err := transport.Get("shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := p.Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	stuck, err := dev.Listen(testAddr()) // never accepts: dials to it hang
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	tl, err := net.Listen("tcp", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+				c.Write(encodeReply(verdictRDMA, stuck.Addr().String()))
+				io.ReadFull(c, make([]byte, 1)) // stayTCP
+			}()
+		}
+	}()
+	const timeout = 300 * time.Millisecond
+	dial := func() (*Conn, time.Duration) {
+		start := time.Now()
+		nc, err := Dial(t.Context(), tl.Addr().String(), WithProvider("shm"), WithUpgradeTimeout(timeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return nc.(*Conn), time.Since(start)
+	}
+	c, first := dial()
+	wantProvider(t, "first dial", c, "tcp", "the RDMA upgrade failed")
+	if first < timeout {
+		t.Fatalf("first dial fell back after %v, before the upgrade timeout", first)
+	}
+	c, second := dial()
+	wantProvider(t, "second dial", c, "tcp", "failed less than")
+	if second >= timeout {
+		t.Fatalf("second dial took %v: it tried the unreachable address again", second)
+	}
+	t.Logf("first dial %v (the upgrade timed out), second %v", first, second)
+}

@@ -268,6 +268,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, o *options, name string) (n
 	} else {
 		uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
 		c, err := dialRDMA(uctx, rdmaAddr, o, name)
+		timedOut := errors.Is(uctx.Err(), context.DeadlineExceeded)
 		cancel()
 		if err == nil {
 			// The listener sees the reset and lets the TCP side go; no
@@ -285,7 +286,12 @@ func negotiate(ctx context.Context, tc *net.TCPConn, o *options, name string) (n
 			return nil, err
 		}
 		upErr = err
-		noteFailedUpgrade(rdmaAddr)
+		// Remember only what costs time to find out again: an address
+		// that did not answer. A local failure (memory, budget) may be
+		// gone at the next dial.
+		if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+			noteFailedUpgrade(rdmaAddr)
+		}
 	}
 	why := fmt.Sprintf("the RDMA upgrade failed: %v", upErr)
 	if o.noFallback {

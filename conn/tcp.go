@@ -72,6 +72,7 @@ func newTCPConn(role string, nc net.Conn, replay []byte, strip bool, why string,
 	}
 	c.tel = o.tel.StartConn(context.Background(), role, c.id, telemetry.ProviderTCP, why)
 	c.tel.Connected(nc.LocalAddr(), nc.RemoteAddr(), func() telemetry.Snapshot { return telemetry.Snapshot{} })
+	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedTCP)
 	return c
 }
 
@@ -111,5 +112,6 @@ func (c *Conn) tcpClose() error {
 	c.mu.Unlock()
 	err := c.tcp.nc.Close()
 	c.endTelemetry()
+	enlargementMarker(c.id, 0, 0, 0, outcomeClosed)
 	return err
 }

@@ -164,3 +164,107 @@ func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
 		t.Fatalf("server: %v", err)
 	}
 }
+
+// TestMixedFleetPair runs in the two-guest mode of tests/rxe
+// (TestMixedFleetGuests): guest a has Soft-RoCE, guest b has no RDMA at
+// all, as in a fleet that adopts RDMA node by node. Every interop case
+// passes between them, over TCP: b's plain and rdmagrpc clients to a's
+// rdmagrpc server, and a's rdmagrpc client (verbs) to b's rdmagrpc
+// server (shm: no device) and to b's plain server.
+func TestMixedFleetPair(t *testing.T) {
+	role, self, peer := os.Getenv("RXE_ROLE"), os.Getenv("RXE_ADDR"), os.Getenv("RXE_PEER")
+	if role != "a" && role != "b" || os.Getenv("RDMAGRPC_MIXED_FLEET") == "" {
+		t.Skip("runs only in tests/rxe's mixed-fleet pair (RXE_ROLE, RDMAGRPC_MIXED_FLEET)")
+	}
+	const rdmaPort, shmPort, tcpPort, donePort = "7472", "7473", "7474", "7475"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	serve := func(l net.Listener) {
+		s := interop.NewServer()
+		go s.Serve(l)
+		t.Cleanup(s.Stop)
+	}
+	listen := func(port string, rdmagrpc bool) {
+		addr := net.JoinHostPort(self, port)
+		var l net.Listener
+		var err error
+		if rdmagrpc {
+			l, err = interop.Listen(ctx, addr)
+		} else {
+			l, err = net.Listen("tcp", addr)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		serve(l)
+	}
+	done, err := net.Listen("tcp", net.JoinHostPort(self, donePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done.Close()
+	type target struct {
+		port      string
+		tcpClient bool // grpc-go's own TCP dialer, else rdmagrpc's
+	}
+	var cases []target
+	if role == "a" {
+		listen(rdmaPort, true)
+		cases = []target{{shmPort, false}, {tcpPort, false}}
+	} else {
+		listen(shmPort, true)
+		listen(tcpPort, false)
+		cases = []target{{rdmaPort, true}, {rdmaPort, false}}
+	}
+	waitPort := func(port string) {
+		for {
+			c, err := net.Dial("tcp", net.JoinHostPort(peer, port))
+			if err == nil {
+				c.Close()
+				return
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("peer %s:%s never listened: %v", peer, port, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for _, c := range cases {
+		addr := net.JoinHostPort(peer, c.port)
+		waitPort(c.port)
+		var out strings.Builder
+		w := io.MultiWriter(&out, os.Stdout)
+		if c.tcpClient {
+			err = interop.RunTCP(ctx, addr, interop.Cases, w)
+		} else {
+			err = interop.Run(ctx, addr, interop.Cases, w)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", addr, err)
+		}
+		passed, providers := 0, 0
+		for line := range strings.Lines(out.String()) {
+			f := strings.Fields(line)
+			switch {
+			case len(f) >= 2 && f[0] == "PASS":
+				passed++
+			case len(f) >= 2 && f[0] == "PROVIDER":
+				providers++
+				if f[1] != "tcp" {
+					t.Errorf("%s: a connection over %s between a host with RDMA and one without", addr, f[1])
+				}
+			}
+		}
+		if passed != len(interop.Cases) || !c.tcpClient && providers == 0 {
+			t.Fatalf("%s: %d of %d cases passed, %d connections reported", addr, passed, len(interop.Cases), providers)
+		}
+		t.Logf("guest %s to %s (tcp client %v): %d interop cases passed", role, addr, c.tcpClient, passed)
+	}
+	// Serve until the peer is done with our servers too.
+	waitPort(donePort)
+	c, err := done.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}

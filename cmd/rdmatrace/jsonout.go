@@ -55,9 +55,12 @@ type jsonSummary struct {
 	Enlargements uint64  `json:"enlargements"`
 	RegsPerSec   float64 `json:"regs_per_sec"`
 	// Connections by phase, from the enlargement markers.
-	LargeSend int  `json:"large_send_connections"`
-	LargeRecv int  `json:"large_receive_connections"`
-	SmallDirs int  `json:"small_directions"`
+	LargeSend int `json:"large_send_connections"`
+	LargeRecv int `json:"large_receive_connections"`
+	SmallDirs int `json:"small_directions"`
+	// Open connections by provider, from the connection markers.
+	RDMAConns int  `json:"rdma_connections"`
+	TCPConns  int  `json:"tcp_connections"`
 	Exited    bool `json:"exited"`
 }
 
@@ -107,8 +110,10 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 	procs := st.rows(byPID, true, "", false)
 	for _, p := range procs {
 		sl, rl, sm := p.phases()
+		rdma, tcp := p.providers()
 		enc.Encode(jsonSummary{
 			LargeSend: sl, LargeRecv: rl, SmallDirs: sm, Exited: p.Exited,
+			RDMAConns: rdma, TCPConns: tcp,
 			Type: "summary", PID: p.PID, Comm: p.Comm,
 			Regs: p.Regs, RegFails: p.RegFails, Deregs: p.Deregs, Reregs: p.Reregs,
 			Registered: p.Registered, Live: p.Live(),
@@ -133,7 +138,7 @@ func toJSON(ev bpf.Event) jsonEvent {
 		ConnID: ev.ConnID, FromSize: ev.FromSize, ToSize: ev.ToSize,
 		EnlargeDurationNs: int64(ev.EnlargeDuration), Outcome: ev.Outcome,
 	}
-	if ev.Kind == bpf.KindEnlargement {
+	if ev.Kind == bpf.KindEnlargement || ev.Kind == bpf.KindConnection {
 		j.OutcomeName = conn.EnlargeOutcome(ev.Outcome)
 	}
 	return j

@@ -42,7 +42,10 @@ type proc struct {
 	// Connections by phase, from the enlargement markers: a connection
 	// is counted in the phase its last marker on each side left it in.
 	sendPhase, recvPhase map[uint64]bool // conn id → large
-	Exited               bool            // the process is gone (its row stays until hidden)
+	// Open connections by provider, from the connection markers
+	// (opened since rdmatrace started, not yet closed): conn id → RDMA.
+	open   map[uint64]bool
+	Exited bool // the process is gone (its row stays until hidden)
 }
 
 // phases counts the connections whose markers were seen: directions
@@ -61,6 +64,18 @@ func (p *proc) phases() (sendLarge, recvLarge, small int) {
 			recvLarge++
 		} else {
 			small++
+		}
+	}
+	return
+}
+
+// providers counts the open connections seen opening: over RDMA, over TCP.
+func (p *proc) providers() (rdma, tcp int) {
+	for _, r := range p.open {
+		if r {
+			rdma++
+		} else {
+			tcp++
 		}
 	}
 	return
@@ -138,6 +153,16 @@ func (s *stats) add(ev bpf.Event) {
 			if p.live < 0 {
 				p.releasedUnseen = true
 			}
+		}
+	case bpf.KindConnection:
+		if p.open == nil {
+			p.open = map[uint64]bool{}
+		}
+		switch ev.Outcome {
+		case bpf.OutcomeOpenedRDMA, bpf.OutcomeOpenedTCP:
+			p.open[ev.ConnID] = ev.Outcome == bpf.OutcomeOpenedRDMA
+		case bpf.OutcomeClosed:
+			delete(p.open, ev.ConnID)
 		}
 	case bpf.KindEnlargement:
 		p.Enlargements++

@@ -128,3 +128,24 @@ func TestPhasesAndExited(t *testing.T) {
 		t.Fatalf("showing exited: %v", pids(rows))
 	}
 }
+
+// Connection markers count open connections by provider, and are not
+// enlargements.
+func TestStatsConnectionsByProvider(t *testing.T) {
+	s := newStats(time.Unix(1000, 0))
+	ev := func(id uint64, outcome uint32) bpf.Event {
+		return bpf.Event{Kind: bpf.KindConnection, PID: 10, Comm: "server", ConnID: id, Outcome: outcome}
+	}
+	s.add(ev(1, bpf.OutcomeOpenedRDMA))
+	s.add(ev(2, bpf.OutcomeOpenedRDMA))
+	s.add(ev(3, bpf.OutcomeOpenedTCP))
+	s.add(ev(2, bpf.OutcomeClosed))
+	s.add(ev(4, bpf.OutcomeClosed)) // opened before we started
+	p := s.procs[10]
+	if rdma, tcp := p.providers(); rdma != 1 || tcp != 1 {
+		t.Fatalf("providers: %d RDMA, %d TCP; want 1 and 1", rdma, tcp)
+	}
+	if p.Enlargements != 0 || len(s.enl) != 0 {
+		t.Fatalf("connection markers counted as enlargements: %d, %v", p.Enlargements, s.enl)
+	}
+}

@@ -224,6 +224,8 @@ func (m *model) View() string {
 		p := rows[m.selected]
 		sl, rl, sm := p.phases()
 		fmt.Fprintf(&b, "\n%s\n", dimStyle.Render(fmt.Sprintf("connections of pid %d by phase (from enlargement markers): %d sending into large buffers, %d receiving into large buffers, %d directions left small (refused, timed out, failed)", p.PID, sl, rl, sm)))
+		rdma, tcp := p.providers()
+		fmt.Fprintf(&b, "%s\n", dimStyle.Render(fmt.Sprintf("connections of pid %d by provider (opened since start, still open): %d over RDMA, %d over TCP", p.PID, rdma, tcp)))
 		b.WriteString(m.histogram(p))
 	}
 	shown := map[uint32]bool{}

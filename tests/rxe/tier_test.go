@@ -324,3 +324,35 @@ func next(n string, i int) int {
 	}
 	return i + 1 + j
 }
+
+// TestMixedFleetGuests runs interop's TestMixedFleetPair across two
+// guests, one with Soft-RoCE (a) and one with no RDMA at all (b, no
+// rdma_rxe): gRPC between them works both ways, over TCP, with rdmagrpc
+// and with plain grpc-go at either end.
+func TestMixedFleetGuests(t *testing.T) {
+	img := needGuest(t)
+	root := moduleRoot(t)
+	bin := buildTestBinary(t, root, "./interop/", t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	name := filepath.Base(bin)
+	args := []string{name, "-test.v", "-test.count=1", "-test.timeout=6m", "-test.run", "^TestMixedFleetPair$"}
+	ra, rb, err := img.RunPair(ctx,
+		Payload{Files: Files(bin), Args: args, Env: []string{"RDMAGRPC_MIXED_FLEET=1"}},
+		Payload{Files: Files(bin), Args: args, Env: []string{"RDMAGRPC_MIXED_FLEET=1", "RXE_NO_RDMA=1"}})
+	if err != nil {
+		t.Fatalf("%v\nguest a:\n%s\nguest b:\n%s", err, ra.Output, rb.Output)
+	}
+	for _, r := range []struct {
+		guest string
+		res   Result
+	}{{"a (Soft-RoCE)", ra}, {"b (no RDMA)", rb}} {
+		t.Logf("guest %s: exit %d; %s", r.guest, r.res.ExitCode, countResults(r.res.Output))
+		if r.res.ExitCode != 0 || !bytes.Contains(r.res.Output, []byte("--- PASS: TestMixedFleetPair")) {
+			t.Errorf("guest %s: TestMixedFleetPair did not pass (exit %d):\n%s\n%s", r.guest, r.res.ExitCode, r.res.Output, strings.Join(failureLines(r.res.Output), "\n"))
+		}
+		if testing.Verbose() {
+			t.Logf("guest %s output:\n%s", r.guest, r.res.Output)
+		}
+	}
+}
