@@ -189,7 +189,7 @@ func TestVerbsConnEnlargementCounts(t *testing.T) {
 	tg.readJSON(t, &rep)
 	open := drain(t, tr)
 
-	var regs, deregs int
+	var regs, deregs, opened int
 	var live int64
 	outcomes := map[uint32]int{}
 	for _, ev := range open {
@@ -205,6 +205,8 @@ func TestVerbsConnEnlargementCounts(t *testing.T) {
 			if int(ev.FromSize) != rep.FromSize || int(ev.ToSize) != rep.ToSize || ev.ConnID == 0 {
 				t.Errorf("enlargement event %+v: want %d → %d on a connection", ev, rep.FromSize, rep.ToSize)
 			}
+		case ev.Kind == KindConnection && ev.Outcome == OutcomeOpenedRDMA && ev.ConnID != 0:
+			opened++
 		default:
 			t.Errorf("unexpected event %+v", ev)
 		}
@@ -214,6 +216,9 @@ func TestVerbsConnEnlargementCounts(t *testing.T) {
 	}
 	if outcomes[1] != n || outcomes[5] != n || len(outcomes) != 2 {
 		t.Errorf("enlargement outcomes %v, want %d enlarged (1) and %d served (5)", outcomes, n, n)
+	}
+	if opened != 2*n { // both ends of each pair, over verbs
+		t.Errorf("%d connections seen opening over RDMA, want %d", opened, 2*n)
 	}
 	if live != rep.RegisteredBytes {
 		t.Errorf("probes saw %d bytes registered and not deregistered (%d ibv_reg_mr, %d ibv_dereg_mr); the connections report %d",
@@ -225,16 +230,22 @@ func TestVerbsConnEnlargementCounts(t *testing.T) {
 	tg.send(t, "close")
 	tg.expect(t, "done")
 	closing := drain(t, tr)
+	closed := 0
 	for _, ev := range closing {
 		switch {
 		case ev.Kind == KindDeregister && ev.OK:
 			live -= int64(ev.Length)
 		case ev.Kind == KindRegister:
 			t.Errorf("registration while closing: %+v", ev)
+		case ev.Kind == KindConnection && ev.Outcome == OutcomeClosed:
+			closed++
 		}
 	}
 	if live != 0 {
 		t.Errorf("after Close, %d bytes are still registered by the probes' count (%d events while closing)", live, len(closing))
+	}
+	if live == 0 && closed != 2*n { // a connection reports its close before it deregisters
+		t.Errorf("%d connections seen closing, want %d", closed, 2*n)
 	}
 	checkStats(t, tr, len(open)+len(closing))
 }

@@ -10,6 +10,13 @@
 // and why. A device that is present but cannot be used is an error, not a
 // silent fallback.
 //
+// Mixed fleets: Listen also serves plain gRPC clients over TCP on the same
+// address, and Dial reaches plain gRPC servers over TCP. Every connection
+// starts over TCP and is upgraded to RDMA in band when both ends are
+// rdmagrpc with the same provider (negotiate.go, SMC-R's scheme over an
+// HTTP/2 SETTINGS extension); otherwise it stays TCP, with no time-out on
+// the way, and Stats().Provider says "tcp". WithoutTCP, WithoutFallback.
+//
 // Each connection owns a protection domain, so a peer's queue pair can
 // never reach another connection's memory.
 //
