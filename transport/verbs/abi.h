@@ -77,6 +77,7 @@ enum ibv_access_flags {
 enum ibv_qp_attr_mask {
 	IBV_QP_STATE = 1 << 0,
 	IBV_QP_ACCESS_FLAGS = 1 << 3,
+	IBV_QP_AV = 1 << 7,
 	IBV_QP_TIMEOUT = 1 << 9,
 	IBV_QP_RETRY_CNT = 1 << 10,
 	IBV_QP_RNR_RETRY = 1 << 11,
@@ -173,10 +174,14 @@ struct ibv_qp_cap {
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data;
 };
 
-struct ibv_ah_attr {
+struct ibv_global_route {
 	union ibv_gid dgid;
 	uint32_t flow_label;
 	uint8_t sgid_index, hop_limit, traffic_class;
+};
+
+struct ibv_ah_attr {
+	struct ibv_global_route grh;
 	uint16_t dlid;
 	uint8_t sl, src_path_bits, static_rate, is_global, port_num;
 };
@@ -311,6 +316,9 @@ struct ibv_async_event {
 
 enum rdma_port_space { RDMA_PS_TCP = 0x0106 };
 
+// rdma_set_option: level RDMA_OPTION_ID, name RDMA_OPTION_ID_TOS, a uint8_t.
+enum { RDMA_OPTION_ID = 0, RDMA_OPTION_ID_TOS = 0 };
+
 enum rdma_cm_event_type {
 	RDMA_CM_EVENT_ADDR_RESOLVED = 0,
 	RDMA_CM_EVENT_ROUTE_RESOLVED = 2,
@@ -413,6 +421,7 @@ struct rdma_cm_event {
 	X(int, rdma_establish, (struct rdma_cm_id *))                                          \
 	X(int, rdma_disconnect, (struct rdma_cm_id *))                                         \
 	X(int, rdma_init_qp_attr, (struct rdma_cm_id *, struct ibv_qp_attr *, int *))          \
+	X(int, rdma_set_option, (struct rdma_cm_id *, int, int, void *, size_t))              \
 	X(struct ibv_context **, rdma_get_devices, (int *))                                    \
 	X(void, rdma_free_devices, (struct ibv_context **))
 

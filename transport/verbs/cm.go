@@ -49,6 +49,10 @@ type cmChannel struct {
 
 	mu  sync.Mutex
 	eps map[uint64]endpoint
+
+	// tos is the traffic class set on every id (TrafficClassEnv); -1:
+	// rdma_cm's default.
+	tos int
 }
 
 func newCMChannel() (*cmChannel, error) {
@@ -61,7 +65,7 @@ func newCMChannel() (*cmChannel, error) {
 		C.shim_rdma_destroy_event_channel(ch)
 		return nil, err
 	}
-	c := &cmChannel{ch: ch, poll: p, done: make(chan struct{}), eps: map[uint64]endpoint{}}
+	c := &cmChannel{ch: ch, poll: p, done: make(chan struct{}), eps: map[uint64]endpoint{}, tos: -1}
 	go c.serve()
 	return c, nil
 }
@@ -74,6 +78,13 @@ func (c *cmChannel) createID(ep endpoint) (*C.struct_rdma_cm_id, uint64, error) 
 	if rc := C.shim_create_id(c.ch, &id, C.uint64_t(h)); rc != 0 {
 		c.unregister(h)
 		return nil, 0, opErr("rdma_create_id", rc)
+	}
+	if c.tos >= 0 {
+		if rc := C.shim_set_tos(id, C.uint8_t(c.tos)); rc != 0 {
+			C.shim_rdma_destroy_id(id)
+			c.unregister(h)
+			return nil, 0, opErr("rdma_set_option(RDMA_OPTION_ID_TOS)", rc)
+		}
 	}
 	return id, h, nil
 }

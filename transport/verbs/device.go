@@ -46,6 +46,10 @@ type device struct {
 
 func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int) (*device, error) {
 	d := &device{name: C.GoString(C.shim_dev_name(ctx)), list: list, ctx: ctx, ndev: ndev}
+	tos, err := trafficClass()
+	if err != nil {
+		return nil, err
+	}
 	var a C.struct_shim_dev_attr
 	if rc := C.shim_query_device(ctx, &a); rc != 0 {
 		return nil, fmt.Errorf("verbs: %s: %w", d.name, opErr("ibv_query_device", rc))
@@ -68,7 +72,6 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 	}
 	d.initDepth = uint8(min(int(a.max_qp_init_rd_atom), maxRdAtomic))
 	d.respRes = uint8(min(int(a.max_qp_rd_atom), maxRdAtomic))
-	var err error
 	if d.async, err = acquireAsync(ctx); err != nil {
 		return nil, err
 	}
@@ -76,6 +79,7 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 		d.async.release()
 		return nil, err
 	}
+	d.cm.tos = tos
 	if d.comp, err = newCompChannel(d); err != nil {
 		d.cm.close()
 		d.async.release()

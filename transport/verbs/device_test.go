@@ -463,3 +463,15 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// RDMAGRPC_VERBS_TC puts the traffic class on the connection's path: the
+// dialing QP's address vector carries it, as the device reports it.
+func TestVerbsTrafficClass(t *testing.T) {
+	t.Setenv(TrafficClassEnv, "104")
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, []byte("tc"), nil)
+	if got := trafficClassOf(cli.qp); got != 104 {
+		t.Fatalf("dialing QP traffic class %d, want 104", got)
+	}
+	t.Logf("traffic class: dialer %d, acceptor %d", trafficClassOf(cli.qp), trafficClassOf(srv.qp))
+}

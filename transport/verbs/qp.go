@@ -398,3 +398,13 @@ func sgePtr(s []C.struct_ibv_sge) *C.struct_ibv_sge {
 	}
 	return &s[0]
 }
+
+// trafficClassOf is the GRH traffic class of a connected QP of this
+// provider, as the device reports it (ibv_query_qp); -1 for another kind.
+func trafficClassOf(tq transport.QP) int {
+	q, ok := tq.(*qp)
+	if !ok || q.qp == nil {
+		return -1
+	}
+	return int(C.shim_qp_traffic_class(q.qp))
+}

@@ -623,3 +623,21 @@ int shim_rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 {
 	return shim_lib.rdma_resolve_route(id, timeout_ms);
 }
+
+int shim_set_tos(struct rdma_cm_id *id, uint8_t tos)
+{
+	if (shim_lib.rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)))
+		return errno ? errno : EIO;
+	return 0;
+}
+
+int shim_qp_traffic_class(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+
+	memset(&attr, 0, sizeof(attr));
+	if (shim_lib.ibv_query_qp(qp, &attr, IBV_QP_AV, &init))
+		return -1;
+	return attr.ah_attr.grh.traffic_class;
+}

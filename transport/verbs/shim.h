@@ -193,4 +193,11 @@ int shim_rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *ch);
 int shim_rdma_reject(struct rdma_cm_id *id, const void *priv, uint8_t len);
 int shim_rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms);
 
+// shim_set_tos sets rdma_cm's RDMA_OPTION_ID_TOS on id (before its route
+// is resolved, or on a listening id).
+int shim_set_tos(struct rdma_cm_id *id, uint8_t tos);
+// shim_qp_traffic_class is the GRH traffic class of qp's address vector
+// (ibv_query_qp), or -1.
+int shim_qp_traffic_class(struct ibv_qp *qp);
+
 #endif
