@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -96,11 +97,14 @@ func Dialer(opts ...Option) func(context.Context, string) (net.Conn, error) {
 
 // Listener accepts rdmagrpc connections; it implements net.Listener.
 type Listener struct {
-	l    transport.Listener
-	tcp  *net.TCPListener // the TCP side (nil: WithoutTCP)
-	dev  transport.Device
-	name string
-	o    *options
+	l   transport.Listener
+	tcp *net.TCPListener // the TCP side (nil: WithoutTCP)
+	// negotiations counts the TCP connections that spoke our SETTINGS
+	// parameter (tests: a known server is dialed directly).
+	negotiations atomic.Int64
+	dev          transport.Device
+	name         string
+	o            *options
 	// backlog holds a token per connection being set up or set up and
 	// not yet taken by Accept: each holds a queue pair and registered
 	// memory, so a burst of dials must not pin them without bound.

@@ -414,3 +414,48 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 	}
 	t.Logf("first dial %v (the upgrade timed out), second %v", first, second)
 }
+
+// A listener that offered RDMA on its own port is dialed directly next
+// time; when it is gone, the next dial negotiates afresh and finds what is
+// there now.
+func TestMixedKnownServerDialedDirectly(t *testing.T) {
+	nl, err := Listen(t.Context(), testAddr(), WithProvider("shm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := nl.(*Listener)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := l.Addr().String()
+	for range 5 {
+		c, err := Dial(t.Context(), addr, WithProvider("shm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantProvider(t, "dial", c.(*Conn), "shm", "option")
+		c.Close()
+	}
+	if n := l.negotiations.Load(); n != 1 {
+		t.Fatalf("%d negotiations for 5 dials, want 1", n)
+	}
+	l.Close()
+	// A plain gRPC server now has the address.
+	tl, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	serveHealth(t, tl)
+	dial, got := recording(WithProvider("shm"))
+	check(t, addr, dial)
+	wantProvider(t, "after the server changed", <-got, "tcp", "plain gRPC (HTTP/2) server")
+	if _, ok := lookupRDMA(addr, "shm"); ok {
+		t.Fatal("the address is still remembered as rdmagrpc")
+	}
+}
