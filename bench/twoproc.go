@@ -360,7 +360,7 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", x.label, tcp, ux, rm, bc, ratio(rv, tv), ratio(rv, bv))
 	}
 
-	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: TCP, negotiation, RDMA set-up), "+
+	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: to a listener it negotiated with before, RDMA directly), "+
 		"and a new grpc.ClientConn's dial to its first answered 64 B RPC; against the TCP server, a plain grpc-go one, the same for conn.Dial, which falls back to TCP:\n\n")
 	fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | rdmagrpc / TCP |\n|---|---:|---:|---:|---:|\n", rd)
 	for _, x := range []struct{ name, label string }{{rowDial(), "dial"}, {rowDialRPC(), "dial to first RPC"}} {
