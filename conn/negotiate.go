@@ -248,18 +248,13 @@ func forgetRDMA(addr, provider string) {
 // the listener at addr offered it before.
 func dialNegotiated(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
 	if rdmaAddr, ok := lookupRDMA(addr, name); ok {
-		uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
-		c, err := dialRDMA(uctx, rdmaAddr, o, name)
-		cancel()
+		c, _, err := upgrade(ctx, rdmaAddr, o, name)
 		if err == nil {
 			return c, nil
 		}
 		forgetRDMA(addr, name)
-		if ctx.Err() != nil {
+		if final(ctx, err) {
 			return nil, err
-		}
-		if rej := (*transport.RejectError)(nil); errors.As(err, &rej) {
-			return nil, err // the listener's answer (backlog full, peer refused)
 		}
 		// Gone or changed: negotiate afresh.
 	}
@@ -325,10 +320,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 	if upgradeFailedRecently(rdmaAddr) {
 		upErr = fmt.Errorf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL)
 	} else {
-		uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
-		c, err := dialRDMA(uctx, rdmaAddr, o, name)
-		timedOut := errors.Is(uctx.Err(), context.DeadlineExceeded)
-		cancel()
+		c, timedOut, err := upgrade(ctx, rdmaAddr, o, name)
 		if err == nil {
 			// The listener sees the reset and lets the TCP side go; no
 			// TIME_WAIT is left on either side.
@@ -337,12 +329,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 			rememberRDMA(addr, name, rdmaAddr)
 			return c, nil
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if rej := (*transport.RejectError)(nil); errors.As(err, &rej) {
-			// The RDMA listener was reached and said no (backlog full,
-			// peer refused): its answer, not a reason to go round it.
+		if final(ctx, err) {
 			return nil, err
 		}
 		upErr = err
@@ -361,6 +348,23 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 		return nil, ctxErr(ctx, err)
 	}
 	return fellBack(tc, nil, why, o), nil
+}
+
+// upgrade dials the RDMA address a listener offered, within
+// WithUpgradeTimeout; timedOut says that bound ran out.
+func upgrade(ctx context.Context, rdmaAddr string, o *options, name string) (c net.Conn, timedOut bool, err error) {
+	uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
+	defer cancel()
+	c, err = dialRDMA(uctx, rdmaAddr, o, name)
+	return c, errors.Is(uctx.Err(), context.DeadlineExceeded), err
+}
+
+// final says a failed RDMA dial ends the dial: the caller's context is
+// done, or the RDMA listener was reached and said no (backlog full, peer
+// refused), an answer not to be gone round over TCP.
+func final(ctx context.Context, err error) bool {
+	rej := (*transport.RejectError)(nil)
+	return ctx.Err() != nil || errors.As(err, &rej)
 }
 
 // fellBack makes the client Conn of a TCP connection that stays TCP.
