@@ -325,10 +325,3 @@ func (s *Set) observeMemory(_ context.Context, o metric.Int64Observer) error {
 	}
 	return nil
 }
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
