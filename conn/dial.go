@@ -128,6 +128,7 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 	}
 	var tcpL *net.TCPListener
 	rdmaAddr := addr
+	host, _, _ := net.SplitHostPort(addr)
 	if !o.noTCP {
 		var lc net.ListenConfig
 		nl, err := lc.Listen(ctx, "tcp", addr)
@@ -135,13 +136,11 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 			return nil, err
 		}
 		tcpL = nl.(*net.TCPListener)
-		host, _, _ := net.SplitHostPort(addr)
 		_, port, _ := net.SplitHostPort(tcpL.Addr().String())
 		rdmaAddr = net.JoinHostPort(host, port)
 	}
 	tl, err := dev.Listen(rdmaAddr)
 	if err != nil && tcpL != nil {
-		host, _, _ := net.SplitHostPort(addr)
 		tl, err = dev.Listen(net.JoinHostPort(host, "0"))
 	}
 	if err != nil {

@@ -263,7 +263,7 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// Nothing on the TCP side: a listener WithoutTCP, or one of
-			// an rdmagrpc without it.
+			// an rdmagrpc older than the TCP side.
 			return dialRDMA(ctx, addr, o, name)
 		}
 		return nil, err
