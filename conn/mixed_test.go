@@ -154,6 +154,14 @@ func TestMixedProviderMismatch(t *testing.T) {
 	check(t, l.Addr().String(), dial)
 	wantProvider(t, "client", <-got, "tcp", "the server offers no RDMA: the server's RDMA provider is shm")
 	wantProvider(t, "server side", (<-cl.got).(*Conn), "tcp", "provider is shm")
+	// The next dial knows the answer: a probe, which the server answers
+	// with the same verdict, and the address stays known as TCP.
+	check(t, l.Addr().String(), dial)
+	wantProvider(t, "client, second dial", <-got, "tcp", "not the client's (at an earlier dial)")
+	wantProvider(t, "server side, second dial", (<-cl.got).(*Conn), "tcp", "the client stays on TCP")
+	if k, ok := lookupServer(l.Addr().String(), otherFamily{}.Name()); !ok || k.rdma != "" {
+		t.Fatalf("after the probe: %+v %v, want known to stay TCP", k, ok)
+	}
 
 	_, err = Dial(t.Context(), l.Addr().String(), WithProvider(otherFamily{}.Name()), WithoutFallback())
 	if !errors.Is(err, ErrNoRDMA) {
@@ -436,7 +444,7 @@ func TestMixedKnownServerDialedDirectly(t *testing.T) {
 	addr := l.Addr().String()
 	// An earlier test's listener may have had this port, and the cache
 	// rightly remembers it: start from a dial that has not seen it.
-	forgetRDMA(addr, "shm")
+	forgetServer(addr, "shm")
 	for range 5 {
 		c, err := Dial(t.Context(), addr, WithProvider("shm"))
 		if err != nil {
@@ -458,7 +466,117 @@ func TestMixedKnownServerDialedDirectly(t *testing.T) {
 	dial, got := recording(WithProvider("shm"))
 	check(t, addr, dial)
 	wantProvider(t, "after the server changed", <-got, "tcp", "plain gRPC (HTTP/2) server")
-	if _, ok := lookupRDMA(addr, "shm"); ok {
+	if k, ok := lookupServer(addr, "shm"); ok && k.rdma != "" {
 		t.Fatal("the address is still remembered as rdmagrpc")
+	}
+}
+
+// A server known to stay TCP is dialed at TCP's speed: the dial returns
+// once TCP is connected and the server's answer to the probe is read with
+// its first bytes. When an rdmagrpc listener takes the address over, the
+// probed connection still works over TCP and the dial after it upgrades.
+func TestMixedKnownPlainServerProbed(t *testing.T) {
+	tl, err := net.Listen("tcp", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := tl.Addr().String()
+	forgetServer(addr, "shm")
+	s := grpc.NewServer()
+	healthgrpc.RegisterHealthServer(s, health.NewServer())
+	go s.Serve(tl)
+
+	dial, got := recording(WithProvider("shm"))
+	check(t, addr, dial)
+	wantProvider(t, "first dial", <-got, "tcp", "plain gRPC (HTTP/2) server")
+	check(t, addr, dial)
+	wantProvider(t, "second dial", <-got, "tcp", "at an earlier dial")
+	s.Stop()
+
+	nl, err := Listen(t.Context(), addr, WithProvider("shm"))
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	l := nl.(*Listener)
+	serveHealth(t, l)
+	check(t, addr, dial)
+	wantProvider(t, "probe of the new server", <-got, "tcp", "at an earlier dial")
+	if n := l.probes.Load(); n != 1 {
+		t.Fatalf("%d probes, want 1", n)
+	}
+	if k, ok := lookupServer(addr, "shm"); ok {
+		t.Fatalf("still remembered as %+v after the server offered RDMA", k)
+	}
+	check(t, addr, dial)
+	wantProvider(t, "dial after the probe", <-got, "shm", "option")
+	if n := l.negotiations.Load(); n != 1 {
+		t.Fatalf("%d negotiations, want 1", n)
+	}
+}
+
+// A probe cut by the server at each step: the dial succeeds (it waits for
+// nothing), and the first read says what went wrong; a plain server's
+// bytes reach the reader whole.
+func TestNegotiationProbeCut(t *testing.T) {
+	preface := h2Preface + "\x00\x00\x00\x04\x00\x00\x00\x00\x00" // what grpc-go writes first
+	settings := "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+	for _, tc := range []struct {
+		name  string
+		serve func(c net.Conn)
+		read  string // what the first read returns
+		want  string // else in its error
+	}{
+		{"at accept", func(c net.Conn) {}, "", ""}, // EOF: ReadAll says nil
+		{"mid-answer", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
+			c.Write(encodeReply(verdictTCP, "no")[:6])
+		}, "", "the answer to our probe"},
+		{"bad verdict", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
+			c.Write(encodeReply('X', ""))
+		}, "", "verdict"},
+		{"a plain server's settings", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
+			c.Write([]byte(settings))
+		}, settings, ""},
+		{"an answer, then settings", func(c net.Conn) {
+			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
+			c.Write(append(encodeReply(verdictTCP, "no"), settings...))
+		}, settings, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tl, err := net.Listen("tcp", testAddr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tl.Close()
+			addr := tl.Addr().String()
+			rememberServer(addr, "shm", knownServer{why: "test"})
+			t.Cleanup(func() { forgetServer(addr, "shm") })
+			go func() {
+				c, err := tl.Accept()
+				if err != nil {
+					return
+				}
+				tc.serve(c)
+				c.Close()
+			}()
+			nc, err := Dial(t.Context(), addr, WithProvider("shm"))
+			if err != nil {
+				t.Fatalf("a probe's dial failed: %v", err)
+			}
+			defer nc.Close()
+			if _, err := nc.Write([]byte(preface)); err != nil && tc.name != "at accept" {
+				t.Fatalf("write: %v", err)
+			}
+			nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			b, err := io.ReadAll(nc)
+			switch {
+			case tc.want == "" && string(b) != tc.read:
+				t.Fatalf("read %q (%v), want %q", b, err, tc.read)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("read %q, error %v; want an error with %q", b, err, tc.want)
+			}
+		})
 	}
 }

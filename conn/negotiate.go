@@ -55,9 +55,12 @@ const (
 
 	h2FrameSettings = 0x4
 	// Our SETTINGS parameters, from HTTP/2's experimental range.
-	settingHello    = 0xf0d3 // value settingMagic
+	settingHello    = 0xf0d3 // value settingMagic or settingProbe
 	settingProvider = 0xf0d4 // value providerCode(the client's provider)
 	settingMagic    = 0x52444701
+	// settingProbe: "I stay on TCP; tell me your verdict and go on"
+	// (see probe). A listener that does not know it sees a plain client.
+	settingProbe = 0x52444750
 
 	replyMagic = "RDMG"
 	// replyVersion is the negotiation's version, in the reply.
@@ -89,12 +92,17 @@ func providerCode(name string) uint32 {
 
 // clientStart is the first thing an rdmagrpc client sends: a valid start
 // of an HTTP/2 connection.
-func clientStart(provider string) []byte {
+func clientStart(provider string) []byte { return start(settingMagic, provider) }
+
+// clientStartProbe is a probe's first bytes (see probe).
+func clientStartProbe(provider string) []byte { return start(settingProbe, provider) }
+
+func start(hello uint32, provider string) []byte {
 	b := make([]byte, 0, len(h2Preface)+9+12)
 	b = append(b, h2Preface...)
 	b = append(b, 0, 0, 12, h2FrameSettings, 0, 0, 0, 0, 0)
 	b = binary.BigEndian.AppendUint16(b, settingHello)
-	b = binary.BigEndian.AppendUint32(b, settingMagic)
+	b = binary.BigEndian.AppendUint32(b, hello)
 	b = binary.BigEndian.AppendUint16(b, settingProvider)
 	b = binary.BigEndian.AppendUint32(b, providerCode(transport.Family(provider)))
 	return b
@@ -102,32 +110,34 @@ func clientStart(provider string) []byte {
 
 // sniff reads what a TCP client sends first: the HTTP/2 preface and its
 // first frame, which must be SETTINGS. read is every byte taken (to be
-// replayed if the connection stays TCP); hello says it carries our
-// parameter, with the client's provider code.
-func sniff(r io.Reader) (read []byte, hello bool, provider uint32, err error) {
+// replayed if the connection stays TCP); hello is our parameter's value
+// (0: a plain client), provider the client's provider code.
+func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
 	buf := make([]byte, len(h2Preface)+9)
 	n, err := io.ReadFull(r, buf[:len(h2Preface)])
 	if err != nil || string(buf[:n]) != h2Preface {
-		return buf[:n], false, 0, err
+		return buf[:n], 0, 0, err
 	}
 	if _, err := io.ReadFull(r, buf[len(h2Preface):]); err != nil {
-		return buf[:len(h2Preface)], false, 0, err // a partial frame header is lost with the client
+		return buf[:len(h2Preface)], 0, 0, err // a partial frame header is lost with the client
 	}
 	h := buf[len(h2Preface):]
 	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
 	if h[3] != h2FrameSettings || length%6 != 0 || length > 16<<10 {
-		return buf, false, 0, nil
+		return buf, 0, 0, nil
 	}
 	payload := make([]byte, length)
 	if _, err := io.ReadFull(r, payload); err != nil {
-		return buf, false, 0, err
+		return buf, 0, 0, err
 	}
 	read = append(buf, payload...)
 	for p := payload; len(p) >= 6; p = p[6:] {
 		id, v := binary.BigEndian.Uint16(p), binary.BigEndian.Uint32(p[2:])
 		switch id {
 		case settingHello:
-			hello = v == settingMagic
+			if v == settingMagic || v == settingProbe {
+				hello = v
+			}
 		case settingProvider:
 			provider = v
 		}
@@ -201,66 +211,98 @@ func noteFailedUpgrade(addr string) {
 	failedUpgrades.m[addr] = time.Now()
 }
 
-// knownRDMA remembers, per dialed address and provider, the RDMA address
-// its listener offered last, when it is on the dialed port: the next
-// dials there go to it directly and skip the TCP leg (about 150 µs per
-// dial on shm here). An entry goes at
-// the first failure, and that dial negotiates again, so a server that
-// stopped being rdmagrpc costs one failed RDMA dial (on shm an immediate
-// refusal; on verbs at most WithUpgradeTimeout).
-var knownRDMA = struct {
+// knownServers remembers, per dialed address and provider, what the last
+// negotiation there found, so that the next dials skip its round trip:
+//
+//   - An RDMA listener offered on the dialed port: the next dials go to it
+//     directly and skip the TCP leg (about 150 µs per dial on shm here).
+//     The entry goes at the first failure, and that dial negotiates again,
+//     so a server that stopped being rdmagrpc costs one failed RDMA dial
+//     (on shm an immediate refusal; on verbs at most WithUpgradeTimeout).
+//   - A server that stays TCP (a plain gRPC server, or an rdmagrpc one
+//     with another provider): the next dials return as soon as TCP is
+//     connected, as a plain TCP dial does. They still ask, in a probe the
+//     server answers without waiting for anything (see probe), and the
+//     first read forgets the entry when the answer is now an offer, so the
+//     dial after that one upgrades.
+var knownServers = struct {
 	sync.Mutex
-	m map[[2]string]string
-}{m: map[[2]string]string{}}
+	m map[[2]string]knownServer
+}{m: map[[2]string]knownServer{}}
 
-func rememberRDMA(addr, provider, rdmaAddr string) {
-	// Only an RDMA listener on the dialed port is the same server for
-	// sure later; one on a port of its own may be another process's by
-	// the next dial.
-	_, p1, err1 := net.SplitHostPort(addr)
-	_, p2, err2 := net.SplitHostPort(rdmaAddr)
-	if err1 != nil || err2 != nil || p1 != p2 {
-		return
-	}
-	knownRDMA.Lock()
-	defer knownRDMA.Unlock()
-	if len(knownRDMA.m) >= 4096 {
-		clear(knownRDMA.m)
-	}
-	knownRDMA.m[[2]string{addr, provider}] = rdmaAddr
+type knownServer struct {
+	rdma string // the RDMA listener's address; "" stays TCP
+	why  string // when it stays TCP
 }
 
-func lookupRDMA(addr, provider string) (string, bool) {
-	knownRDMA.Lock()
-	defer knownRDMA.Unlock()
-	a, ok := knownRDMA.m[[2]string{addr, provider}]
-	return a, ok
+// ForgetServers drops what earlier dials learned about servers (an RDMA
+// listener to dial directly, a server that stays TCP, an upgrade that
+// timed out), so that the next dial to each negotiates afresh. Dials keep
+// this up to date themselves, from every change they see; ForgetServers
+// is for a program that knows better (a fleet changed under it) and for
+// timing first dials.
+func ForgetServers() {
+	knownServers.Lock()
+	clear(knownServers.m)
+	knownServers.Unlock()
+	failedUpgrades.Lock()
+	clear(failedUpgrades.m)
+	failedUpgrades.Unlock()
 }
 
-func forgetRDMA(addr, provider string) {
-	knownRDMA.Lock()
-	defer knownRDMA.Unlock()
-	delete(knownRDMA.m, [2]string{addr, provider})
+func rememberServer(addr, provider string, k knownServer) {
+	if k.rdma != "" {
+		// Only an RDMA listener on the dialed port is the same server
+		// for sure later; one on a port of its own may be another
+		// process's by the next dial.
+		_, p1, err1 := net.SplitHostPort(addr)
+		_, p2, err2 := net.SplitHostPort(k.rdma)
+		if err1 != nil || err2 != nil || p1 != p2 {
+			return
+		}
+	}
+	knownServers.Lock()
+	defer knownServers.Unlock()
+	if len(knownServers.m) >= 4096 {
+		clear(knownServers.m)
+	}
+	knownServers.m[[2]string{addr, provider}] = k
+}
+
+func lookupServer(addr, provider string) (knownServer, bool) {
+	knownServers.Lock()
+	defer knownServers.Unlock()
+	k, ok := knownServers.m[[2]string{addr, provider}]
+	return k, ok
+}
+
+func forgetServer(addr, provider string) {
+	knownServers.Lock()
+	defer knownServers.Unlock()
+	delete(knownServers.m, [2]string{addr, provider})
 }
 
 // dialNegotiated is Dial's default path: TCP first, then RDMA if the
 // listener offers it (see the top of this file); straight to RDMA where
 // the listener at addr offered it before.
 func dialNegotiated(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
-	if rdmaAddr, ok := lookupRDMA(addr, name); ok {
-		c, _, err := upgrade(ctx, rdmaAddr, o, name)
+	known, isKnown := lookupServer(addr, name)
+	if isKnown && known.rdma != "" {
+		c, _, err := upgrade(ctx, known.rdma, o, name)
 		if err == nil {
 			return c, nil
 		}
-		forgetRDMA(addr, name)
+		forgetServer(addr, name)
 		if final(ctx, err) {
 			return nil, err
 		}
 		// Gone or changed: negotiate afresh.
+		isKnown = false
 	}
 	var d net.Dialer
 	tc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		forgetServer(addr, name)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// Nothing on the TCP side: a listener WithoutTCP, or one of
 			// an rdmagrpc older than the TCP side.
@@ -270,6 +312,9 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 	}
 	// The dial's context bounds the negotiation: it cuts the socket's
 	// deadline short. A connection returned after that fired is unusable.
+	if isKnown && !o.noFallback {
+		return probe(tc.(*net.TCPConn), addr, known.why, o, name), nil
+	}
 	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(aLongTimeAgo) })
 	nc, err := negotiate(ctx, tc.(*net.TCPConn), addr, o, name)
 	if !stop() && err == nil {
@@ -302,6 +347,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 		if o.noFallback {
 			return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
 		}
+		rememberServer(addr, name, knownServer{why: why})
 		return fellBack(tc, magic[:n], why, o), nil
 	}
 	verdict, payload, err := readReply(tc)
@@ -313,6 +359,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 		if o.noFallback {
 			return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
 		}
+		rememberServer(addr, name, knownServer{why: why})
 		return fellBack(tc, nil, why, o), nil
 	}
 	rdmaAddr := payload
@@ -326,7 +373,7 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 			// TIME_WAIT is left on either side.
 			tc.SetLinger(0)
 			tc.Close()
-			rememberRDMA(addr, name, rdmaAddr)
+			rememberServer(addr, name, knownServer{rdma: rdmaAddr})
 			return c, nil
 		}
 		if final(ctx, err) {
@@ -348,6 +395,19 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 		return nil, ctxErr(ctx, err)
 	}
 	return fellBack(tc, nil, why, o), nil
+}
+
+// probe is a dial to a server known to stay TCP. It asks as a
+// negotiation does, but with the probe hello, which an rdmagrpc listener
+// answers with its verdict and then hands the connection to Accept as TCP
+// without waiting for us. So the dial returns once TCP is connected, our
+// start goes out in place of grpc-go's client preface (no write of its
+// own), and the connection's first read takes the answer.
+func probe(tc *net.TCPConn, addr, why string, o *options, name string) *Conn {
+	c := fellBack(tc, nil, why+" (at an earlier dial)", o)
+	c.tcp.start = clientStartProbe(name)
+	c.tcp.probing = &probing{addr: addr, provider: name}
+	return c
 }
 
 // upgrade dials the RDMA address a listener offered, within
@@ -430,29 +490,35 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 			c.Close()
 		}
 	}
-	if !hello {
+	if hello == 0 {
 		handOver("a plain TCP client")
 		return
 	}
-	l.negotiations.Add(1)
+	// Offer the RDMA listener at the address the client reached us at.
+	verdict, payload := byte(verdictRDMA), ""
 	if provider != providerCode(transport.Family(l.name)) {
-		why := fmt.Sprintf("the server's RDMA provider is %s, not the client's", l.name)
-		if _, err := tc.Write(encodeReply(verdictTCP, why)); err != nil {
-			tc.Close()
-			return
+		verdict, payload = verdictTCP, fmt.Sprintf("the server's RDMA provider is %s, not the client's", l.name)
+	} else {
+		local := tc.LocalAddr().(*net.TCPAddr)
+		_, port, _ := net.SplitHostPort(l.l.Addr().String())
+		host := local.IP.String()
+		if local.Zone != "" {
+			host += "%" + local.Zone
 		}
-		handOver(why)
+		payload = net.JoinHostPort(host, port)
+	}
+	if _, err := tc.Write(encodeReply(verdict, payload)); err != nil {
+		tc.Close()
 		return
 	}
-	// Offer the RDMA listener at the address the client reached us at.
-	local := tc.LocalAddr().(*net.TCPAddr)
-	_, port, _ := net.SplitHostPort(l.l.Addr().String())
-	host := local.IP.String()
-	if local.Zone != "" {
-		host += "%" + local.Zone
+	if hello == settingProbe {
+		l.probes.Add(1)
+		handOver("the client stays on TCP: it knew this address as a TCP server")
+		return
 	}
-	if _, err := tc.Write(encodeReply(verdictRDMA, net.JoinHostPort(host, port))); err != nil {
-		tc.Close()
+	l.negotiations.Add(1)
+	if verdict == verdictTCP {
+		handOver(payload)
 		return
 	}
 	// The client now dials RDMA; it resets this connection when that

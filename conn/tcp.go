@@ -3,6 +3,8 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"sync"
 
@@ -21,8 +23,14 @@ type tcpSide struct {
 	// dropped from our user's first writes.
 	rmu    sync.Mutex
 	replay []byte
-	wmu    sync.Mutex
-	strip  int
+	// probing is set on a probe's connection until the first read has
+	// taken the server's answer (negotiate.go).
+	probing *probing
+	wmu     sync.Mutex
+	strip   int
+	// start, when set, goes out in place of the client preface (a
+	// probe's, which the dial did not send: negotiate.go).
+	start []byte
 }
 
 // errNotHTTP2 is a write on a fallen-back connection that does not start
@@ -30,8 +38,19 @@ type tcpSide struct {
 // an HTTP/2 (gRPC) stream can follow.
 var errNotHTTP2 = errors.New("conn: this connection fell back to TCP after an HTTP/2 negotiation: it carries HTTP/2 (gRPC) only, and the first write was not the client preface")
 
+// probing is the dialed address and provider of a probe, whose cache
+// entry the answer may end.
+type probing struct{ addr, provider string }
+
 func (t *tcpSide) read(b []byte) (int, error) {
 	t.rmu.Lock()
+	if p := t.probing; p != nil {
+		t.probing = nil
+		if err := t.takeAnswer(p); err != nil {
+			t.rmu.Unlock()
+			return 0, err
+		}
+	}
 	if len(t.replay) > 0 {
 		n := copy(b, t.replay)
 		t.replay = t.replay[n:]
@@ -40,6 +59,29 @@ func (t *tcpSide) read(b []byte) (int, error) {
 	}
 	t.rmu.Unlock()
 	return t.nc.Read(b)
+}
+
+// takeAnswer reads a probed server's first bytes: an rdmagrpc listener's
+// verdict, dropped (and an offer makes the next dial negotiate), or a
+// plain server's HTTP/2, kept for the reader.
+func (t *tcpSide) takeAnswer(p *probing) error {
+	var magic [len(replyMagic)]byte
+	n, err := io.ReadFull(t.nc, magic[:])
+	if string(magic[:n]) != replyMagic {
+		t.replay = append(t.replay, magic[:n]...)
+		if n > 0 {
+			return nil // the error, if any, comes again at the next read
+		}
+		return err
+	}
+	verdict, _, err := readReply(t.nc)
+	if err != nil {
+		return fmt.Errorf("conn: the answer to our probe: %w", err)
+	}
+	if verdict == verdictRDMA {
+		forgetServer(p.addr, p.provider)
+	}
+	return nil
 }
 
 func (t *tcpSide) write(b []byte) (int, error) {
@@ -54,6 +96,14 @@ func (t *tcpSide) write(b []byte) (int, error) {
 		}
 		t.strip -= n
 		b, skipped = b[n:], n
+		if t.strip == 0 && t.start != nil {
+			start := t.start
+			t.start = nil
+			// One writev: the start and what followed the preface.
+			bufs := net.Buffers{start, b}
+			n, err := bufs.WriteTo(t.nc)
+			return skipped + max(int(n)-len(start), 0), err
+		}
 		if len(b) == 0 {
 			return skipped, nil
 		}
