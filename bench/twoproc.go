@@ -216,6 +216,11 @@ func (rep *Report) twoProcess(ctx context.Context, t network) error {
 		rep.add(row2(rowStream(cfg.StreamSize)), t.name, bps)
 		rep.add(rowStreamCPU("client"), t.name, (c1-c0).Seconds()/mb)
 		rep.add(rowStreamCPU("server"), t.name, (s1-s0).Seconds()/mb)
+		if t.name == RDMA {
+			if err := rep.statsHandlerCost(ctx, t, s.grpc); err != nil {
+				return err
+			}
+		}
 	}
 	for _, size := range cfg.RawSizes {
 		if err := rep.rawTwoProcess(ctx, t, s, size, d); err != nil {
@@ -377,6 +382,19 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		fb, fv := r.cell(x.name, TCP, seconds)
 		_, tv := r.cell(x.ref, TCP, seconds)
 		fmt.Fprintf(w, "| %s | %s (%s of a TCP one) | | | |\n", x.label, fb, ratio(fv, tv))
+	}
+
+	if _, ok := r.Median(rowOtelP50(false), RDMA); ok {
+		fmt.Fprintf(w, "\nconn.StatsHandler's cost on a client with the OpenTelemetry SDK recording every RPC span (%s, 64 B unary calls one at a time; spans dropped after they end):\n\n", rd)
+		fmt.Fprintf(w, "| figure | otelgrpc only | otelgrpc + conn.StatsHandler | difference |\n|---|---:|---:|---:|\n")
+		for _, x := range []struct {
+			label string
+			row   func(bool) string
+		}{{"p50", rowOtelP50}, {"client CPU per RPC", rowOtelCPU}} {
+			a, av := r.cell(x.row(false), RDMA, seconds)
+			b, bv := r.cell(x.row(true), RDMA, seconds)
+			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", x.label, a, b, seconds.format(bv-av))
+		}
 	}
 
 	fmt.Fprintf(w, "\nRaw net.Conn across two processes: the bench process writes, a child reads to EOF and says how much arrived; CPU per MB of each process:\n\n")

@@ -89,6 +89,7 @@ type Conn struct {
 	providerWhy string
 	device      string
 	tcp         *tcpSide    // set: a connection over TCP (tcp.go), nothing below is used
+	rpcs        rpcTrack    // the RPCs on it, for StatsHandler (rpcstats.go)
 	opened      atomic.Bool // start succeeded: release reports the close to the marker
 	o           *options
 	qp          transport.QP
@@ -219,6 +220,7 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 		}
 	}
 	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
+	c.track()
 	c.opened.Store(true)
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)
 	c.startPolling()
@@ -431,7 +433,7 @@ func (c *Conn) write(b []byte) (int, error) {
 	n := 0
 	for {
 		c.mu.Lock()
-		stalled := false
+		var stalled time.Time
 		var t *txRing
 		for {
 			ch := c.changed
@@ -448,12 +450,15 @@ func (c *Conn) write(b []byte) (int, error) {
 			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
 				break
 			}
-			if !stalled {
-				stalled = true
+			if stalled.IsZero() {
+				stalled = time.Now()
 				c.st.CreditStalls++
 				c.tel.CreditStall()
 			}
 			c.waitLocked(ch, c.wdl)
+		}
+		if !stalled.IsZero() {
+			c.stalled(time.Since(stalled))
 		}
 		ring := c.sending
 		seq := t.seq
@@ -736,6 +741,7 @@ func (c *Conn) teardown(deadline time.Time) {
 func (c *Conn) release() {
 	if c.opened.Load() {
 		enlargementMarker(c.id, 0, 0, 0, outcomeClosed)
+		c.untrack()
 	}
 	c.endTelemetry()
 	c.releaseRendezvous()

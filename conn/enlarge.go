@@ -81,6 +81,9 @@ func (c *Conn) enlarge() error {
 	c.enl.waiting = true
 	defer func() { c.enl.waiting = false }()
 	c.enl.tel = c.tel.StartEnlargement(telemetry.Sender, start, int(from), c.o.largeSize, c.o.largeCount)
+	if c.rpcsInFlight() {
+		c.enl.tel.Link(c.rpcLinks())
+	}
 	defer c.abortEnlargeTelemetryLocked()
 	for attempt := 0; attempt <= c.o.ackRetries && c.enl.ack == nil && !c.enl.refused; attempt++ {
 		c.enl.reqSeq++
@@ -156,6 +159,11 @@ func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start ti
 	c.st.LastEnlargeOutcome = outcomeNames[outcome]
 	c.broadcastLocked()
 	enlargementMarker(c.id, from, to, d.Nanoseconds(), uint32(outcome))
+	if c.rpcsInFlight() {
+		c.rpcEvent(telemetry.EventRPCEnlargement, start.Add(d), c.enl.tel.SpanContext(),
+			telemetry.KeySide.String(telemetry.Sender), telemetry.KeyOutcome.String(string(telemetryOutcomes[outcome])),
+			telemetry.KeyEnlargeDuration.Float64(d.Seconds()), telemetry.KeyFromSize.Int(int(from)), telemetry.KeyToSize.Int(int(to)))
+	}
 	c.endEnlargeTelemetryLocked(outcome)
 }
 
@@ -270,6 +278,9 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 		var tel *telemetry.Enlargement // only the pass that provisions
 		if rx.buf == nil && c.enl.rxRefused == nil {
 			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, c.o.largeSize, c.o.largeCount)
+			if c.rpcsInFlight() {
+				tel.Link(c.rpcLinks())
+			}
 			start := time.Now()
 			c.mu.Unlock()
 			buf, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite|transport.AccessRemoteWrite)
@@ -303,7 +314,7 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 			tel.Abort(err)
 			return
 		}
-		c.endServeTelemetryLocked(tel)
+		c.endServeTelemetryLocked(tel, arrived)
 		if c.enl.reqIn == seq {
 			c.enl.serving = false
 			return

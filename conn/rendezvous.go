@@ -7,7 +7,10 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -54,6 +57,7 @@ type advert struct {
 	size       int
 	requested  int // bytes asked for: the next request must start here
 	written    int // bytes whose writes completed
+	start      time.Time
 }
 
 // inAdvert is a message the peer holds for us, in stream order.
@@ -132,7 +136,7 @@ func (c *Conn) writeRendezvous(b []byte) (int, error) {
 		copy(buf.Bytes(), b[:k])
 		c.mu.Lock()
 		c.rdv.seq++
-		a := &advert{seq: c.rdv.seq, token: rand.Uint32(), buf: buf, size: k}
+		a := &advert{seq: c.rdv.seq, token: rand.Uint32(), buf: buf, size: k, start: time.Now()}
 		c.rdv.out = append(c.rdv.out, a)
 		err = c.sendRecordLocked(record{typ: recAdvert, seq: a.seq, addr: buf.Addr(), rkey: a.token, size: uint32(k)}, c.wdl, true)
 		if err != nil {
@@ -236,6 +240,11 @@ func (c *Conn) servedLocked() error {
 	a := c.rdv.out[0]
 	a.written += n
 	if a.written == a.size {
+		if c.rpcsInFlight() {
+			now := time.Now()
+			c.rpcEvent(telemetry.EventRPCRdvSent, now, trace.SpanContext{},
+				telemetry.KeyRdvBytes.Int(a.size), telemetry.KeyRdvDuration.Float64(now.Sub(a.start).Seconds()))
+		}
 		a.buf.Release()
 		c.rdv.out = c.rdv.out[1:]
 	}
@@ -252,6 +261,10 @@ func (c *Conn) readEndLocked(seq int) error {
 	c.tel.ReadLanded(q.n)
 	c.st.RendezvousBytesIn += uint64(q.n)
 	c.st.LastRendezvousDuration = time.Since(q.start)
+	if c.rpcsInFlight() {
+		c.rpcEvent(telemetry.EventRPCRdvReceived, q.start.Add(c.st.LastRendezvousDuration), trace.SpanContext{},
+			telemetry.KeyRdvBytes.Int(q.n), telemetry.KeyRdvDuration.Float64(c.st.LastRendezvousDuration.Seconds()))
+	}
 	return nil
 }
 

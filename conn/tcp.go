@@ -123,6 +123,7 @@ func newTCPConn(role string, nc net.Conn, replay []byte, strip bool, why string,
 	c.tel = o.tel.StartConn(context.Background(), role, c.id, telemetry.ProviderTCP, why)
 	c.tel.Connected(nc.LocalAddr(), nc.RemoteAddr(), func() telemetry.Snapshot { return telemetry.Snapshot{} })
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedTCP)
+	c.track()
 	return c
 }
 
@@ -161,6 +162,7 @@ func (c *Conn) tcpClose() error {
 	c.closed = true
 	c.mu.Unlock()
 	err := c.tcp.nc.Close()
+	c.untrack()
 	c.endTelemetry()
 	enlargementMarker(c.id, 0, 0, 0, outcomeClosed)
 	return err

@@ -3,6 +3,7 @@ package conn
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
@@ -62,11 +63,21 @@ func (c *Conn) abortEnlargeTelemetryLocked() {
 
 // endServeTelemetryLocked ends the receiver's enlargement span once the
 // answer is posted: served with the large ring, or refused.
-func (c *Conn) endServeTelemetryLocked(tel *telemetry.Enlargement) {
+func (c *Conn) endServeTelemetryLocked(tel *telemetry.Enlargement, arrived time.Time) {
 	if tel == nil {
 		return
 	}
 	served := c.rx[large].buf != nil
+	if c.rpcsInFlight() {
+		outcome := telemetry.Served
+		if !served {
+			outcome = telemetry.ServeRefused
+		}
+		now := time.Now()
+		c.rpcEvent(telemetry.EventRPCEnlargement, now, tel.SpanContext(),
+			telemetry.KeySide.String(telemetry.Receiver), telemetry.KeyOutcome.String(string(outcome)),
+			telemetry.KeyEnlargeDuration.Float64(now.Sub(arrived).Seconds()), telemetry.KeyToSize.Int(c.o.largeSize))
+	}
 	tel.Answered(served)
 	if served {
 		tel.End(telemetry.Served, telemetry.Large, 0, nil)

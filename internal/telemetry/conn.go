@@ -285,6 +285,26 @@ func (c *Conn) StartEnlargement(side string, start time.Time, from, to, count in
 	return e
 }
 
+// SpanContext is the enlargement span's, for links to it; invalid when
+// it has none (telemetry off, or not recording).
+func (e *Enlargement) SpanContext() trace.SpanContext {
+	if e == nil || e.span == nil {
+		return trace.SpanContext{}
+	}
+	return e.span.SpanContext()
+}
+
+// Link links the enlargement's span to spans it concerns (the RPCs in
+// flight when it started).
+func (e *Enlargement) Link(links []trace.Link) {
+	if e == nil || e.span == nil {
+		return
+	}
+	for _, l := range links {
+		e.span.AddLink(l)
+	}
+}
+
 // Requested notes a control message sent (attempt counts from 1).
 func (e *Enlargement) Requested(attempt int) {
 	if e == nil {

@@ -44,6 +44,13 @@ const (
 	EventEnlargeAck      = "rdmagrpc.enlargement.ack"
 	EventEnlargeRefusal  = "rdmagrpc.enlargement.refusal"
 	EventEnlargeAnswered = "rdmagrpc.enlargement.answer"
+
+	// Events on RPC spans (conn.StatsHandler): a transport event that
+	// ended on the RPC's connection while the RPC was in flight.
+	EventRPCEnlargement = "rdmagrpc.enlargement"
+	EventRPCRdvSent     = "rdmagrpc.rendezvous.sent"
+	EventRPCRdvReceived = "rdmagrpc.rendezvous.received"
+	EventCreditStalls   = "rdmagrpc.credit.stalls"
 )
 
 // Metric names.
@@ -79,6 +86,12 @@ const (
 	KeyRdvBytes    = attribute.Key("rdmagrpc.rendezvous.bytes")
 	KeyRdvAdvert   = attribute.Key("rdmagrpc.rendezvous.advert")
 	KeyRdvRequest  = attribute.Key("rdmagrpc.rendezvous.request")
+
+	KeyEnlargeDuration = attribute.Key("rdmagrpc.enlargement.duration") // seconds
+	KeyRdvDuration     = attribute.Key("rdmagrpc.rendezvous.duration")  // seconds
+	KeyStallCount      = attribute.Key("rdmagrpc.credit.stall.count")
+	KeyStallWait       = attribute.Key("rdmagrpc.credit.stall.wait") // seconds, all stalls together
+	KeyLinkEvent       = attribute.Key("rdmagrpc.link.event")        // on a link: the event it explains
 )
 
 // Transport is the network.transport value of every rdmagrpc span.
