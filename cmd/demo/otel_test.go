@@ -10,28 +10,8 @@ import (
 	"testing"
 )
 
-// exported span and metric shapes of the stdout exporters, as far as the
-// test reads them.
-type jsonSpan struct {
-	Name        string
-	SpanKind    int
-	SpanContext struct{ TraceID, SpanID string }
-	Parent      struct{ TraceID, SpanID string }
-	Attributes  []struct {
-		Key   string
-		Value struct{ Value any }
-	}
-}
-
-func (s jsonSpan) attr(k string) any {
-	for _, a := range s.Attributes {
-		if a.Key == k {
-			return a.Value.Value
-		}
-	}
-	return nil
-}
-
+// exported metric shapes of the stdout exporter, as far as the test reads
+// them (spans: exportedSpan).
 type jsonMetrics struct {
 	ScopeMetrics []struct {
 		Scope   struct{ Name string }
@@ -72,21 +52,21 @@ func TestDemoExportsOpenTelemetry(t *testing.T) {
 		t.Errorf("the demo's output does not report its 846 spans:\n%s", out)
 	}
 
-	f, err := os.Open(filepath.Join(dir, "otel", "traces.json"))
+	// The slow RPC with its transport events, read back from the export.
+	for _, want := range []string{"the slowest client RPC with transport events", "rdmagrpc.enlargement  enlargement.side=sender  enlargement.outcome=enlarged", "linked: rdmagrpc.enlargement.sender"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the demo's output lacks %q:\n%s", want, out)
+		}
+	}
+
+	spans, err := readExported(filepath.Join(dir, "otel", "traces.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	count := map[string]int{}
 	connRole := map[string]string{}
-	var enl []jsonSpan
-	for dec := json.NewDecoder(f); ; {
-		var s jsonSpan
-		if err := dec.Decode(&s); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
+	var enl []exportedSpan
+	for _, s := range spans {
 		count[s.Name]++
 		switch s.Name {
 		case "rdmagrpc.connection":
