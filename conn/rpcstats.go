@@ -166,6 +166,10 @@ func (c *Conn) stalled(d time.Duration) {
 // rpcEvent adds a transport event that ended at end to the spans of the
 // RPCs in flight, with a link to the event's own span when it has one.
 func (c *Conn) rpcEvent(name string, end time.Time, link trace.SpanContext, attrs ...attribute.KeyValue) {
+	if link.IsValid() {
+		// Which link is this event's: the span it leads to.
+		attrs = append(attrs, telemetry.KeyLinkSpan.String(link.SpanID().String()))
+	}
 	r := &c.rpcs
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -92,6 +92,7 @@ const (
 	KeyStallCount      = attribute.Key("rdmagrpc.credit.stall.count")
 	KeyStallWait       = attribute.Key("rdmagrpc.credit.stall.wait") // seconds, all stalls together
 	KeyLinkEvent       = attribute.Key("rdmagrpc.link.event")        // on a link: the event it explains
+	KeyLinkSpan        = attribute.Key("rdmagrpc.link.span_id")      // on an event: the span its link leads to
 )
 
 // Transport is the network.transport value of every rdmagrpc span.
