@@ -233,7 +233,13 @@ var knownServers = struct {
 type knownServer struct {
 	rdma string // the RDMA listener's address; "" stays TCP
 	why  string // when it stays TCP
+	at   time.Time
 }
+
+// knownTCPTTL bounds how long a server stays known as TCP: a probe
+// learns that it became rdmagrpc, but only from a listener that knows
+// probes; after this a dial negotiates in full again.
+const knownTCPTTL = 30 * time.Second
 
 // ForgetServers drops what earlier dials learned about servers (an RDMA
 // listener to dial directly, a server that stays TCP, an upgrade that
@@ -266,13 +272,19 @@ func rememberServer(addr, provider string, k knownServer) {
 	if len(knownServers.m) >= 4096 {
 		clear(knownServers.m)
 	}
+	k.at = time.Now()
 	knownServers.m[[2]string{addr, provider}] = k
 }
 
 func lookupServer(addr, provider string) (knownServer, bool) {
 	knownServers.Lock()
 	defer knownServers.Unlock()
-	k, ok := knownServers.m[[2]string{addr, provider}]
+	key := [2]string{addr, provider}
+	k, ok := knownServers.m[key]
+	if ok && k.rdma == "" && time.Since(k.at) > knownTCPTTL {
+		delete(knownServers.m, key)
+		return knownServer{}, false
+	}
 	return k, ok
 }
 

@@ -59,10 +59,16 @@ type statsHandler struct{}
 
 type rpcKey struct{}
 
-// rpcState is one recording RPC, from TagRPC to End.
+// rpcState is one recording RPC, from TagRPC to End. Its fields are
+// guarded by its mutex: grpc-go may report End from another goroutine
+// than the one that reports the headers (a client's context watcher).
 type rpcState struct {
 	span trace.Span
-	c    atomic.Pointer[Conn] // once the RPC is on a connection
+
+	mu      sync.Mutex
+	c       *Conn // once the RPC is on a connection
+	ended   bool
+	flushed bool // the stalls are on the span
 	// The connection's stall counters when the RPC started on it.
 	stalls    uint64
 	stallWait int64
@@ -94,16 +100,27 @@ func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		if !s.Client {
 			st.attach(s.RemoteAddr)
 		}
+	case *stats.InTrailer, *stats.OutTrailer:
+		// The last events before End, whose handlers run in the order
+		// they were given: otelgrpc's, before ours, ends the span.
+		st.flushStalls()
 	case *stats.End:
+		st.flushStalls() // no trailer: a failed RPC
 		st.end()
 	}
 }
 
 func (st *rpcState) attach(remote net.Addr) {
 	c := lookupConn(remote)
-	if c == nil || !st.c.CompareAndSwap(nil, c) {
+	if c == nil {
 		return
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.c != nil || st.ended {
+		return
+	}
+	st.c = c
 	attrs := []attribute.KeyValue{telemetry.KeyConnID.Int64(int64(c.id)), telemetry.KeyProvider.String(c.provider)}
 	if c.tcp == nil {
 		c.mu.Lock()
@@ -123,8 +140,28 @@ func (st *rpcState) attach(remote net.Addr) {
 	r.mu.Unlock()
 }
 
+// flushStalls puts the credit stalls that ended while the RPC was in
+// flight on its span, once.
+func (st *rpcState) flushStalls() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.c == nil || st.flushed {
+		return
+	}
+	st.flushed = true
+	r := &st.c.rpcs
+	if n := r.stalls.Load() - st.stalls; n > 0 {
+		wait := time.Duration(r.stallWait.Load() - st.stallWait)
+		st.span.AddEvent(telemetry.EventCreditStalls, trace.WithAttributes(
+			telemetry.KeyStallCount.Int64(int64(n)), telemetry.KeyStallWait.Float64(wait.Seconds())))
+	}
+}
+
 func (st *rpcState) end() {
-	c := st.c.Swap(nil)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.ended = true
+	c := st.c
 	if c == nil {
 		return
 	}
@@ -135,11 +172,6 @@ func (st *rpcState) end() {
 	}
 	r.n.Store(int32(len(r.inflight)))
 	r.mu.Unlock()
-	if n := r.stalls.Load() - st.stalls; n > 0 {
-		wait := time.Duration(r.stallWait.Load() - st.stallWait)
-		st.span.AddEvent(telemetry.EventCreditStalls, trace.WithAttributes(
-			telemetry.KeyStallCount.Int64(int64(n)), telemetry.KeyStallWait.Float64(wait.Seconds())))
-	}
 }
 
 // rpcTrack is a connection's part: its recording RPCs in flight and its

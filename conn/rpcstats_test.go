@@ -32,12 +32,18 @@ type rpcWorld struct {
 
 func newRPCWorld(t *testing.T, sopts ...grpc.ServerOption) *rpcWorld {
 	t.Helper()
+	return newRPCWorldWith(t, nil, sopts...)
+}
+
+// newRPCWorldWith adds conn options on both sides.
+func newRPCWorldWith(t *testing.T, copts []conn.Option, sopts ...grpc.ServerOption) *rpcWorld {
+	t.Helper()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	t.Cleanup(func() { tp.Shutdown(context.Background()); mp.Shutdown(context.Background()) })
 	ot := []otelgrpc.Option{otelgrpc.WithTracerProvider(tp), otelgrpc.WithMeterProvider(mp), otelgrpc.WithPropagators(propagation.TraceContext{})}
-	opts := []conn.Option{conn.WithTracerProvider(tp), conn.WithMeterProvider(mp)}
+	opts := append([]conn.Option{conn.WithTracerProvider(tp), conn.WithMeterProvider(mp)}, copts...)
 	l, err := conn.Listen(context.Background(), testAddr(), opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -344,4 +350,32 @@ func BenchmarkStatsHandler(b *testing.B) {
 			s.End()
 		}
 	})
+}
+
+// Through the small ring only (four 1 KiB slots), a 256 KiB request
+// waits for credits many times: the client span carries one event with
+// how many stalls and how long they took, before otelgrpc ends the span.
+func TestStatsHandlerCreditStalls(t *testing.T) {
+	w := newRPCWorldWith(t, []conn.Option{conn.WithThreshold(1 << 30), conn.WithRendezvousThreshold(-1)})
+	tc := w.client(t)
+	if err := unary(t.Context(), tc, 256<<10); err != nil {
+		t.Fatal(err)
+	}
+	spans := w.spans(unaryName, trace.SpanKindClient)
+	if len(spans) != 1 {
+		t.Fatalf("%d client spans, want 1", len(spans))
+	}
+	for _, e := range spans[0].Events() {
+		if e.Name != "rdmagrpc.credit.stalls" {
+			continue
+		}
+		n, _ := eventAttr(e, "rdmagrpc.credit.stall.count")
+		wait, _ := eventAttr(e, "rdmagrpc.credit.stall.wait")
+		t.Logf("client span: %s stalls, %s s waited", n, wait)
+		if n == "" || n == "0" || wait == "" || wait == "0" {
+			t.Fatalf("stall event without its count or wait: %v", e.Attributes)
+		}
+		return
+	}
+	t.Fatalf("no credit stall event on the client span: %v", spans[0].Events())
 }

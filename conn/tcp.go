@@ -67,6 +67,12 @@ func (t *tcpSide) read(b []byte) (int, error) {
 func (t *tcpSide) takeAnswer(p *probing) error {
 	var magic [len(replyMagic)]byte
 	n, err := io.ReadFull(t.nc, magic[:])
+	if err != nil && n > 0 && replyMagic[:n] == string(magic[:n]) {
+		// Cut inside what may be our reply's magic: neither HTTP/2 to
+		// hand on nor an answer. The next dial negotiates in full.
+		forgetServer(p.addr, p.provider)
+		return fmt.Errorf("conn: the answer to our probe: %w", err)
+	}
 	if string(magic[:n]) != replyMagic {
 		t.replay = append(t.replay, magic[:n]...)
 		if n > 0 {
@@ -76,6 +82,7 @@ func (t *tcpSide) takeAnswer(p *probing) error {
 	}
 	verdict, _, err := readReply(t.nc)
 	if err != nil {
+		forgetServer(p.addr, p.provider)
 		return fmt.Errorf("conn: the answer to our probe: %w", err)
 	}
 	if verdict == verdictRDMA {
@@ -102,7 +109,10 @@ func (t *tcpSide) write(b []byte) (int, error) {
 			// One writev: the start and what followed the preface.
 			bufs := net.Buffers{start, b}
 			n, err := bufs.WriteTo(t.nc)
-			return skipped + max(int(n)-len(start), 0), err
+			if n < int64(len(start)) {
+				return 0, err // the stream is broken: nothing of b went
+			}
+			return skipped + int(n) - len(start), err
 		}
 		if len(b) == 0 {
 			return skipped, nil
