@@ -3,6 +3,7 @@ package bufpool
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -286,6 +287,11 @@ func (p *Pool) registerCharged(key freeKey, size int) (*region, error) {
 		key: key, size: size, registered: true,
 	}, nil
 }
+
+// Trim deregisters every free buffer of this pool, giving its memory back
+// to the system and the budget: for an owner going idle, whose next
+// transfers may be far off. It reports whether any was freed.
+func (p *Pool) Trim() bool { return p.trimFor(math.MaxInt64) }
 
 // trimFor deregisters free buffers of this pool, largest first, until need
 // more bytes fit in the budget or none is left; it reports whether any was

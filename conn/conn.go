@@ -39,6 +39,10 @@ type rxRing struct {
 	consumed []bool // per slot: consumed, waiting for the slots before it
 	freed    int    // released, credit not yet returned
 	urgent   bool   // a record's slot was released: return credits now
+	// retiring: the writer shrank away from this ring (shrink.go); it
+	// takes nothing more and returns no credits, and goes once drained.
+	retiring  bool
+	retiredAt time.Time
 }
 
 func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {
@@ -48,7 +52,7 @@ func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {
 // land takes the next slot for an arriving message; ok is false when the
 // peer wrote past the credits it was given.
 func (r *rxRing) land() (slot int, ok bool) {
-	if r.arrived-r.released >= uint64(r.count) {
+	if r.retiring || r.arrived-r.released >= uint64(r.count) {
 		return 0, false
 	}
 	slot = int(r.arrived % uint64(r.count))
@@ -63,7 +67,9 @@ func (r *rxRing) consume(slot int) {
 	for r.released < r.arrived && r.consumed[r.released%uint64(r.count)] {
 		r.consumed[r.released%uint64(r.count)] = false
 		r.released++
-		r.freed++
+		if !r.retiring {
+			r.freed++
+		}
 	}
 }
 
@@ -88,9 +94,10 @@ type Conn struct {
 	provider    string
 	providerWhy string
 	device      string
-	tcp         *tcpSide    // set: a connection over TCP (tcp.go), nothing below is used
-	rpcs        rpcTrack    // the RPCs on it, for StatsHandler (rpcstats.go)
-	opened      atomic.Bool // start succeeded: release reports the close to the marker
+	tcp         *tcpSide     // set: a connection over TCP (tcp.go), nothing below is used
+	rpcs        rpcTrack     // the RPCs on it, for StatsHandler (rpcstats.go)
+	lastWrite   atomic.Int64 // UnixNano of the end of the last Write: idle shrink (shrink.go)
+	opened      atomic.Bool  // start succeeded: release reports the close to the marker
 	o           *options
 	qp          transport.QP
 	pd          transport.PD
@@ -333,6 +340,8 @@ func (c *Conn) readRingLocked(b []byte) int {
 			c.returnCreditsLocked()
 			if e.ring == small {
 				c.maybeFreeSmallLocked()
+			} else {
+				c.maybeDropLargeLocked()
 			}
 		}
 	}
@@ -402,6 +411,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	defer c.lastWrite.Store(time.Now().UnixNano())
 	return c.writeElem(b)
 }
 
@@ -438,6 +448,9 @@ func (c *Conn) write(b []byte) (int, error) {
 		for {
 			ch := c.changed
 			if err := c.writeErrLocked(); err != nil {
+				if !stalled.IsZero() {
+					c.stalled(time.Since(stalled))
+				}
 				c.mu.Unlock()
 				return n, c.opErr("write", err)
 			}
@@ -524,6 +537,7 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	defer c.lastWrite.Store(time.Now().UnixNano())
 	var n int64
 	for _, b := range v {
 		k, err := c.writeElem(b)
@@ -552,6 +566,7 @@ func (c *Conn) discardLocked() {
 	c.rdv.in = nil // adverts we will not fetch; the peer knows (kindClose)
 	c.returnCreditsLocked()
 	c.maybeFreeSmallLocked()
+	c.maybeDropLargeLocked()
 }
 
 // isClosed lets calls after Close fail at once instead of queueing behind
@@ -671,6 +686,9 @@ func (c *Conn) Close() error {
 	}
 	c.closed = true
 	c.closedFast.Store(true)
+	if c.enl.shrinkTimer != nil {
+		c.enl.shrinkTimer.Stop()
+	}
 	c.broadcastLocked()
 	c.mu.Unlock()
 

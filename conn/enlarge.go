@@ -37,10 +37,14 @@ const (
 	outcomeOpenedRDMA
 	outcomeOpenedTCP
 	outcomeClosed
+	// Shrinks (shrink.go): our direction back to small; the peer's large
+	// ring dropped here.
+	outcomeShrunk
+	outcomeShrinkServed
 )
 
 var outcomeNames = [...]string{"", "enlarged", "refused by peer", "ack timed out", "local registration failed", "served", "refused",
-	"opened over RDMA", "opened over TCP", "closed"}
+	"opened over RDMA", "opened over TCP", "closed", "shrunk", "shrink served"}
 
 // enlargement is the state of M3 on both sides of a connection.
 type enlargement struct {
@@ -53,6 +57,15 @@ type enlargement struct {
 	attempts int
 	tel      *telemetry.Enlargement // the sender's, until it ends
 	localErr error                  // why our large staging failed
+	// Shrinking (shrink.go): the peer keeps its small ring once enlarged
+	// (its ack says so), so we may go back to it; lastLarge is when data
+	// last went into the large ring; shrunk: credits for the large ring
+	// the peer sent before it saw our shrink are dropped until the next
+	// ack; shrinkTimer is armed while the direction is large.
+	peerKeepsSmall bool
+	lastLarge      time.Time
+	shrunk         bool
+	shrinkTimer    *time.Timer
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	serving   bool   // the enlargement server goroutine runs
@@ -136,7 +149,10 @@ func (c *Conn) enlarge() error {
 		}
 		c.tx[large] = t
 		c.sending = large
+		c.enl.peerKeepsSmall = ack.addr2 == ackKeepsSmall
 		c.finishEnlargeLocked(phaseLarge, outcomeEnlarged, from, ack.size, start)
+		c.enl.lastLarge = time.Now()
+		c.armShrinkLocked()
 	case c.enl.refused:
 		c.enl.tel.Answered(false)
 		c.finishEnlargeLocked(phaseRefused, outcomeRefused, from, 0, start)
@@ -251,6 +267,9 @@ func (c *Conn) recordLocked(r record) error {
 		}
 		if r.typ == recAck {
 			c.enl.ack = &r
+			// Every credit for a large ring we shrank away from came
+			// before this ack: what follows is the new ring's.
+			c.enl.shrunk = false
 		} else {
 			c.enl.refused = true
 		}
@@ -273,6 +292,16 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
+		// A large ring the peer shrank away from is still draining: the
+		// new one comes when it is gone (the peer's ack time-out and
+		// retries cover the wait).
+		for c.rx[large].retiring && !c.closed {
+			c.waitLocked(c.changed, time.Time{})
+		}
+		if c.closed {
+			c.enl.serving = false
+			return
+		}
 		seq := c.enl.reqIn
 		rx := &c.rx[large]
 		var tel *telemetry.Enlargement // only the pass that provisions
@@ -308,6 +337,9 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 		answer := record{typ: recRefuse, seq: seq}
 		if rx.buf != nil {
 			answer = record{typ: recAck, seq: seq, addr: rx.buf.Addr(), rkey: rx.buf.RKey(), size: uint32(rx.size), count: uint32(rx.count)}
+			if !c.o.freeSmall {
+				answer.addr2 = ackKeepsSmall
+			}
 		}
 		if err := c.sendRecordLocked(answer, time.Time{}, false); err != nil {
 			c.enl.serving = false

@@ -31,6 +31,7 @@ type options struct {
 	ackRetries int
 	budget     *bufpool.Budget
 	freeSmall  bool
+	idleShrink time.Duration // <= 0: never
 	// M5: writes above rdvThreshold go by rendezvous, rdvChunk at a time
 	// (0: the large ring's size; negative: never).
 	rdvThreshold int
@@ -77,6 +78,8 @@ const (
 	DefaultRendezvousChunk = 4 << 20
 	// DefaultPollSpin: see WithPollSpin.
 	DefaultPollSpin = 100 * time.Microsecond
+	// DefaultIdleShrink: see WithIdleShrink.
+	DefaultIdleShrink = 30 * time.Second
 )
 
 func defaults() options {
@@ -86,6 +89,7 @@ func defaults() options {
 		ackTimeout: DefaultAckTimeout, ackRetries: DefaultAckRetries,
 		rdvChunk: DefaultRendezvousChunk, pollSpin: DefaultPollSpin,
 		backlog: defaultBacklog(), upgradeTimeout: DefaultUpgradeTimeout,
+		idleShrink: DefaultIdleShrink,
 	}
 }
 
@@ -185,6 +189,15 @@ func WithRendezvousChunk(n int) Option { return func(o *options) { o.rdvChunk = 
 // 18 of the enlargement patent): 4 KiB less registered memory per
 // enlarged direction, at the price of never going back to small buffers.
 func WithFreeSmallOnEnlarge() Option { return func(o *options) { o.freeSmall = true } }
+
+// WithIdleShrink: a sending direction whose large buffers carried nothing
+// for d goes back to its small buffers, and both sides give the large
+// ones back to the pool and the budget (registered memory returns to its
+// idle 8 KiB per side). The next large write enlarges again. Default
+// DefaultIdleShrink; 0 or negative: never. A peer that frees its small
+// ring on enlargement (WithFreeSmallOnEnlarge) says so in its ack, and
+// our direction to it then stays large.
+func WithIdleShrink(d time.Duration) Option { return func(o *options) { o.idleShrink = d } }
 
 // WithTracerProvider sets where the connection, enlargement and
 // rendezvous spans go (default: the otel global provider). Spans are

@@ -241,7 +241,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 // immediate is checked against what this connection granted.
 func (c *Conn) receivedLocked(imm uint32) error {
 	kind, ring, credits, n := decodeImm(imm)
-	if t := &c.tx[ring]; credits > 0 {
+	if t := &c.tx[ring]; credits > 0 && !(ring == large && c.enl.shrunk) {
 		t.credits += credits
 		if t.credits > t.count {
 			return fmt.Errorf("%w: %d credits for a ring of %d slots", errProtocol, t.credits, t.count)
@@ -253,6 +253,9 @@ func (c *Conn) receivedLocked(imm uint32) error {
 		r := &c.rx[kind-kindSmall]
 		if r.buf == nil || n == 0 || n > r.size || c.eofIn {
 			return fmt.Errorf("%w: data message of %d bytes into ring %d", errProtocol, n, kind)
+		}
+		if r.retiring {
+			return fmt.Errorf("%w: data message into the large ring after the writer shrank away from it", errProtocol)
 		}
 		slot, ok := r.land()
 		if !ok {
@@ -291,6 +294,9 @@ func (c *Conn) receivedLocked(imm uint32) error {
 		if n != recordLen || r.buf == nil {
 			return fmt.Errorf("%w: control record of %d bytes into ring %d", errProtocol, n, ring)
 		}
+		if r.retiring {
+			return fmt.Errorf("%w: control record into the large ring after the writer shrank away from it", errProtocol)
+		}
 		slot, ok := r.land()
 		if !ok {
 			return fmt.Errorf("%w: control record beyond the credits of ring %d", errProtocol, ring)
@@ -311,6 +317,16 @@ func (c *Conn) receivedLocked(imm uint32) error {
 		if err != nil {
 			// Well framed, checksum right, content invalid: sent so.
 			return fmt.Errorf("%w: %w", errProtocol, err)
+		}
+		if rec.typ == recShrink {
+			// The last message into our large ring: it must be there.
+			if ring != large {
+				return fmt.Errorf("%w: shrink record in the small ring", errProtocol)
+			}
+			if err := c.retireLargeLocked(); err != nil {
+				return fmt.Errorf("%w: %w", errProtocol, err)
+			}
+			return nil
 		}
 		return c.recordLocked(rec)
 	case kindReadEnd:

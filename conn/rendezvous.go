@@ -409,6 +409,7 @@ func (c *Conn) spillLocked() {
 		}
 	}
 	if spilled {
+		c.maybeDropLargeLocked()
 		c.returnCreditsLocked()
 		c.maybeFreeSmallLocked()
 	}

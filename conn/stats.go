@@ -26,11 +26,19 @@ type Stats struct {
 	LastEnlargeTo       int
 	LastEnlargeDuration time.Duration // first large write to usable large buffers
 	LastEnlargeOutcome  string
-	SmallFreed          bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
-	FreeSmallErrors     int
-	BadRecords          int // torn or corrupt control records ignored
-	StaleRecords        int // answers to requests given up on
-	CreditStalls        uint64
+	// SendPhaseIndex is the sending direction's phase: 0 small, 1 large.
+	SendPhaseIndex int
+	// Shrinks of our sending direction back to small (WithIdleShrink),
+	// and ShrinksServed, the peer's large rings dropped here after its
+	// shrink; LastShrinkDuration: the shrink record's wait for a credit.
+	Shrinks            int
+	ShrinksServed      int
+	LastShrinkDuration time.Duration
+	SmallFreed         bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
+	FreeSmallErrors    int
+	BadRecords         int // torn or corrupt control records ignored
+	StaleRecords       int // answers to requests given up on
+	CreditStalls       uint64
 	// M5: messages sent by rendezvous (adverts), received, and chunks
 	// that went through the rings because no memory could be registered.
 	Rendezvous             uint64
@@ -70,6 +78,9 @@ func (c *Conn) Stats() Stats {
 	s.ProviderReason = c.providerWhy
 	s.Device = c.device
 	s.SendPhase = phaseNames[c.enl.phase]
+	if c.sending == large {
+		s.SendPhaseIndex = 1
+	}
 	s.RecvPhase = "small"
 	if c.rx[large].buf != nil {
 		s.RecvPhase = "large"

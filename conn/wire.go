@@ -110,6 +110,7 @@ const (
 	recRefuse  = 3 // cannot (budget, registration failure)
 	recAdvert  = 4 // M5: a message waits in the holder's registered memory
 	recRead    = 5 // M5: please write this part of it into my memory
+	recShrink  = 6 // the last message into your large ring: drop it once read
 
 	recordLen = 4 + 1 + 4 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 4
 )
@@ -117,7 +118,8 @@ const (
 // record is one control record.
 //
 //	request  size, count: the large ring the writer asks for
-//	ack      addr, rkey, size, count: the large ring provisioned
+//	ack      addr, rkey, size, count: the large ring provisioned; addr2:
+//	         ackKeepsSmall when the small ring stays (shrink possible)
 //	refuse   seq only
 //	advert   seq; addr, size: the message in the holder's memory; rkey: a
 //	         token the read requests must quote (the holder's memory is not
@@ -125,6 +127,7 @@ const (
 //	read     seq: of this request; count: the advert's seq; rkey: its
 //	         token; addr, size: the source segment; addr2, rkey2: the
 //	         destination segment in the requester's memory
+//	shrink   nothing: the writer's last message into this large ring
 type record struct {
 	typ   uint8
 	seq   uint32
@@ -183,7 +186,7 @@ func decodeRecord(b []byte) (record, error) {
 		if err := checkRing(r.size, r.count); err != nil {
 			return r, fmt.Errorf("%w: %v", errBadRecord, err)
 		}
-	case recRefuse:
+	case recRefuse, recShrink:
 	case recAdvert, recRead:
 		if r.size == 0 {
 			return r, fmt.Errorf("%w: %s of 0 bytes", errBadRecord, recordNames[r.typ])
@@ -194,4 +197,8 @@ func decodeRecord(b []byte) (record, error) {
 	return r, nil
 }
 
-var recordNames = [...]string{"", "enlargement request", "enlargement ack", "enlargement refusal", "rendezvous advert", "read request"}
+var recordNames = [...]string{"", "enlargement request", "enlargement ack", "enlargement refusal", "rendezvous advert", "read request", "shrink"}
+
+// ackKeepsSmall, in an ack's addr2: the acknowledging side keeps its
+// small ring, so the writer may shrink back to it later (shrink.go).
+const ackKeepsSmall = 1

@@ -285,6 +285,26 @@ func (c *Conn) StartEnlargement(side string, start time.Time, from, to, count in
 	return e
 }
 
+// Shrunk records a shrink (the sender's: its direction back to small; the
+// receiver's: the peer's large ring dropped), begun at start and lasting
+// d, from slots of from bytes to slots of to; links are the RPCs in
+// flight. It returns the span's context, for links to it (invalid when
+// there is no span).
+func (c *Conn) Shrunk(side, reason string, start time.Time, d time.Duration, from, to int, links []trace.Link) trace.SpanContext {
+	if c == nil {
+		return trace.SpanContext{}
+	}
+	c.set.shrinks.Add(context.Background(), 1, metric.WithAttributes(KeySide.String(side), KeyShrinkReason.String(reason)))
+	if !c.rec {
+		return trace.SpanContext{}
+	}
+	_, span := c.set.tracer.Start(c.ctx, SpanShrink, trace.WithTimestamp(start), trace.WithLinks(links...),
+		trace.WithAttributes(c.attrs...), trace.WithAttributes(
+			KeySide.String(side), KeyShrinkReason.String(reason), KeyFromSize.Int(from), KeyToSize.Int(to)))
+	span.End(trace.WithTimestamp(start.Add(d)))
+	return span.SpanContext()
+}
+
 // SpanContext is the enlargement span's, for links to it; invalid when
 // it has none (telemetry off, or not recording).
 func (e *Enlargement) SpanContext() trace.SpanContext {

@@ -39,6 +39,7 @@ const (
 	SpanEnlargeSender    = "rdmagrpc.enlargement.sender"
 	SpanEnlargeReceiver  = "rdmagrpc.enlargement.receiver"
 	SpanRendezvousRead   = "rdmagrpc.rendezvous.read"
+	SpanShrink           = "rdmagrpc.shrink"
 	EventRegistration    = "rdmagrpc.registration"
 	EventEnlargeRequest  = "rdmagrpc.enlargement.request"
 	EventEnlargeAck      = "rdmagrpc.enlargement.ack"
@@ -48,6 +49,7 @@ const (
 	// Events on RPC spans (conn.StatsHandler): a transport event that
 	// ended on the RPC's connection while the RPC was in flight.
 	EventRPCEnlargement = "rdmagrpc.enlargement"
+	EventRPCShrink      = "rdmagrpc.shrink"
 	EventRPCRdvSent     = "rdmagrpc.rendezvous.sent"
 	EventRPCRdvReceived = "rdmagrpc.rendezvous.received"
 	EventCreditStalls   = "rdmagrpc.credit.stalls"
@@ -59,6 +61,7 @@ const (
 	MetricRegistered      = "rdmagrpc.memory.registered"
 	MetricEnlargements    = "rdmagrpc.enlargement.count"
 	MetricEnlargeDuration = "rdmagrpc.enlargement.duration"
+	MetricShrinks         = "rdmagrpc.shrink.count"
 	MetricRegistrations   = "rdmagrpc.registration.count"
 	MetricRegBytes        = "rdmagrpc.registration.bytes"
 	MetricRegDuration     = "rdmagrpc.registration.duration"
@@ -88,6 +91,7 @@ const (
 	KeyRdvRequest  = attribute.Key("rdmagrpc.rendezvous.request")
 
 	KeyEnlargeDuration = attribute.Key("rdmagrpc.enlargement.duration") // seconds
+	KeyShrinkReason    = attribute.Key("rdmagrpc.shrink.reason")        // idle | pressure
 	KeyRdvDuration     = attribute.Key("rdmagrpc.rendezvous.duration")  // seconds
 	KeyStallCount      = attribute.Key("rdmagrpc.credit.stall.count")
 	KeyStallWait       = attribute.Key("rdmagrpc.credit.stall.wait") // seconds, all stalls together
@@ -113,6 +117,9 @@ const (
 const (
 	Sender   = "sender"
 	Receiver = "receiver"
+
+	// Reasons of a shrink.
+	ReasonIdle = "idle"
 )
 
 // Outcome is the rdmagrpc.enlargement.outcome of an enlargement.
@@ -154,6 +161,7 @@ type Set struct {
 	tracer trace.Tracer
 
 	enlargements    metric.Int64Counter
+	shrinks         metric.Int64Counter
 	enlargeDuration metric.Float64Histogram
 	registrations   metric.Int64Counter
 	regBytes        metric.Int64Counter
@@ -221,6 +229,8 @@ func newSet(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
 	// a connection.
 	s.enlargements, _ = m.Int64Counter(MetricEnlargements, metric.WithUnit("{enlargement}"),
 		metric.WithDescription("Buffer enlargements by side and outcome."))
+	s.shrinks, _ = m.Int64Counter(MetricShrinks, metric.WithUnit("{shrink}"),
+		metric.WithDescription("Returns of a direction to its small buffers, by side and reason."))
 	s.enlargeDuration, _ = m.Float64Histogram(MetricEnlargeDuration, metric.WithUnit("s"),
 		metric.WithDescription("Sender: first large write to usable large buffers; receiver: control message to acknowledgement sent."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))

@@ -1,0 +1,154 @@
+package conn
+
+import (
+	"errors"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
+)
+
+// both moves 256 KiB each way between a and b, checked.
+func both(t *testing.T, a, b *Conn) {
+	t.Helper()
+	transfer(t, a, b, random(256<<10), writeAll(a))
+	transfer(t, b, a, random(256<<10), writeAll(b))
+}
+
+func registered(c *Conn) int64 { return c.Stats().RegisteredBytes }
+
+// After d of no traffic both directions go back to small, and each side
+// holds its idle 8 KiB again; the next large write enlarges afresh.
+func TestShrinkOnIdle(t *testing.T) {
+	const d = 100 * time.Millisecond
+	a, b := conns(t, WithIdleShrink(d))
+	both(t, a, b)
+	if registered(a) <= smallBytes || registered(b) <= smallBytes {
+		t.Fatalf("not enlarged: %d and %d bytes registered", registered(a), registered(b))
+	}
+	last := time.Now()
+	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
+	lag := time.Since(last)
+	t.Logf("both sides back to %d bytes %v after the last write (idle shrink %v)", smallBytes, lag.Round(time.Millisecond), d)
+	if lag > d+time.Second {
+		t.Errorf("shrunk %v after the last write, want about %v", lag, d)
+	}
+	for _, c := range []*Conn{a, b} {
+		s := c.Stats()
+		if s.Shrinks != 1 || s.ShrinksServed != 1 || s.SendPhase != "small" || s.RecvPhase != "small" || s.SendPhaseIndex != 0 {
+			t.Errorf("after the shrink: %d shrinks, %d served, phases %q/%q (index %d); want 1, 1, small, small, 0",
+				s.Shrinks, s.ShrinksServed, s.SendPhase, s.RecvPhase, s.SendPhaseIndex)
+		}
+	}
+	both(t, a, b)
+	for _, c := range []*Conn{a, b} {
+		if s := c.Stats(); s.Enlargements != 2 || s.EnlargementsServed != 2 || s.SendPhaseIndex != 1 {
+			t.Errorf("after more large writes: %d enlargements, %d served, phase %d; want 2, 2, 1", s.Enlargements, s.EnlargementsServed, s.SendPhaseIndex)
+		}
+	}
+}
+
+// WithIdleShrink(-1): large for good, as before shrinking existed.
+func TestShrinkOff(t *testing.T) {
+	a, b := conns(t, WithIdleShrink(-1))
+	both(t, a, b)
+	before := registered(a)
+	time.Sleep(300 * time.Millisecond)
+	if s := a.Stats(); s.Shrinks != 0 || s.ShrinksServed != 0 || registered(a) != before {
+		t.Fatalf("with shrinking off: %d shrinks, %d served, %d bytes registered (was %d)", s.Shrinks, s.ShrinksServed, registered(a), before)
+	}
+}
+
+// A peer that frees its small ring once enlarged says so in its ack: the
+// direction to it stays large.
+func TestShrinkNotToAFreedSmallRing(t *testing.T) {
+	a, b := conns(t, WithIdleShrink(50*time.Millisecond), WithFreeSmallOnEnlarge())
+	transfer(t, a, b, random(256<<10), writeAll(a))
+	time.Sleep(300 * time.Millisecond)
+	if s := a.Stats(); s.Shrinks != 0 || s.SendPhase != "large" {
+		t.Fatalf("shrank towards a freed small ring: %d shrinks, phase %q", s.Shrinks, s.SendPhase)
+	}
+	transfer(t, a, b, random(64<<10), writeAll(a))
+}
+
+// shrinkStream writes n bytes of a seeded stream in pieces of random sizes
+// (1 B to 1 MiB, log-uniform) with random pauses around d; shrinkCheck reads
+// it back and compares.
+func shrinkStream(seed uint64, n int, d time.Duration, w io.Writer) error {
+	r := rand.New(rand.NewPCG(seed, 1))
+	src := rand.New(rand.NewPCG(seed, 2))
+	for n > 0 {
+		k := min(n, 1<<r.IntN(21))
+		b := make([]byte, k)
+		for i := range b {
+			b[i] = byte(src.Uint32())
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		n -= k
+		if r.IntN(3) == 0 {
+			time.Sleep(time.Duration(r.Int64N(int64(3 * d))))
+		}
+	}
+	return nil
+}
+
+func shrinkCheck(seed uint64, n int, rd io.Reader) error {
+	src := rand.New(rand.NewPCG(seed, 2))
+	got := make([]byte, 64<<10)
+	for n > 0 {
+		k, err := rd.Read(got[:min(len(got), n)])
+		for i := range k {
+			if got[i] != byte(src.Uint32()) {
+				return errShrinkCorrupt
+			}
+		}
+		n -= k
+		if err != nil && n > 0 {
+			return err
+		}
+	}
+	return nil
+}
+
+var errShrinkCorrupt = errors.New("a byte differs from the stream written")
+
+// Shrinks racing writes of every size, both ways, with pauses around the
+// idle time: every byte arrives, in order, once, and nothing leaks.
+func TestShrinkRacingWrites(t *testing.T) {
+	const d = 5 * time.Millisecond
+	budget := bufpool.NewBudget(64 << 20)
+	a, b := conns(t, WithIdleShrink(d), WithBudget(budget))
+	total := 48 << 20
+	if testing.Short() {
+		total = 8 << 20
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for i, pair := range [][2]*Conn{{a, b}, {b, a}} {
+		seed := uint64(i + 1)
+		wg.Go(func() { errs <- shrinkStream(seed, total, d, pair[0]) })
+		wg.Go(func() { errs <- shrinkCheck(seed, total, pair[1]) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	sa, sb := a.Stats(), b.Stats()
+	t.Logf("a: %d enlargements, %d shrinks, %d served; b: %d enlargements, %d shrinks, %d served",
+		sa.Enlargements, sa.Shrinks, sa.ShrinksServed, sb.Enlargements, sb.Shrinks, sb.ShrinksServed)
+	if sa.Shrinks == 0 || sb.Shrinks == 0 || sa.Enlargements < 2 || sb.Enlargements < 2 {
+		t.Errorf("the writes did not race shrinks: want shrinks and re-enlargements on both sides")
+	}
+	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
+	if sa.Shrinks != sb.ShrinksServed && a.Stats().Shrinks != b.Stats().ShrinksServed {
+		t.Errorf("a shrank %d times, b served %d", a.Stats().Shrinks, b.Stats().ShrinksServed)
+	}
+}
