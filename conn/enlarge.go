@@ -292,6 +292,14 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
+		// A request while the peer has written into our large ring:
+		// it shrank away from it and its shrink record was torn (a
+		// retry after a lost ack comes before any write, since the
+		// writer takes only the answer to its latest request). Retire
+		// the ring as the record would have.
+		if r := &c.rx[large]; r.buf != nil && !r.retiring && r.arrived > 0 {
+			c.retireLargeLocked()
+		}
 		// A large ring the peer shrank away from is still draining: the
 		// new one comes when it is gone (the peer's ack time-out and
 		// retries cover the wait).

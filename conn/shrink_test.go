@@ -1,14 +1,18 @@
 package conn
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
 
 // both moves 256 KiB each way between a and b, checked.
@@ -150,5 +154,101 @@ func TestShrinkRacingWrites(t *testing.T) {
 	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
 	if sa.Shrinks != sb.ShrinksServed && a.Stats().Shrinks != b.Stats().ShrinksServed {
 		t.Errorf("a shrank %d times, b served %d", a.Stats().Shrinks, b.Stats().ShrinksServed)
+	}
+}
+
+// isLargeRecord matches a control record of type typ going into the
+// peer's large ring.
+func isLargeRecord(typ byte) func(*fault.Event) bool {
+	return func(ev *fault.Event) bool {
+		if ev.Send == nil || ev.Send.Opcode != transport.OpWriteWithImm {
+			return false
+		}
+		if kind, _, _, _ := decodeImm(ev.Send.Imm); kind != kindRecordL {
+			return false
+		}
+		p := ev.Payload()
+		return len(p) == recordLen && p[4] == typ
+	}
+}
+
+// A torn shrink record counts as not received: the receiver keeps the
+// ring until the writer asks to enlarge again, and then retires it before
+// it serves new buffers (the writer starts a new ring from its first
+// slot): no byte lost or misplaced, and the memory comes back after.
+func TestShrinkRecordCorrupt(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpPostSend, Action: fault.ActCorrupt, Offset: -1, Match: isLargeRecord(recShrink), Nth: 1})
+	defer h.Remove()
+	a, b := conns(t, WithProvider(faults.Name()), WithIdleShrink(50*time.Millisecond))
+	transfer(t, a, b, random(256<<10), writeAll(a))
+	waitFor(t, func() bool { return a.Stats().Shrinks == 1 })
+	if h.Fired() != 1 {
+		t.Fatalf("corruption fired %d times, want 1", h.Fired())
+	}
+	waitFor(t, func() bool { return b.Stats().BadRecords == 1 })
+	if s := b.Stats(); s.ShrinksServed != 0 || s.RecvPhase != "large" {
+		t.Fatalf("receiver after a torn shrink record: %d served, phase %s", s.ShrinksServed, s.RecvPhase)
+	}
+	transfer(t, a, b, random(256<<10), writeAll(a))
+	if s := b.Stats(); s.EnlargementsServed != 2 || s.ShrinksServed != 1 {
+		t.Fatalf("receiver after the next enlargement: %d served, %d shrinks served; want 2, 1", s.EnlargementsServed, s.ShrinksServed)
+	}
+	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
+}
+
+// A writer that goes on writing into the large ring it shrank away from
+// (a malicious one: the puppet posts by hand with the old address and
+// key) is refused, and the memory the ring was is not reached: a
+// buffer registered after the ring went holds its canaries.
+func TestShrunkRingRefusesWrites(t *testing.T) {
+	puppet, victim := conns(t, WithIdleShrink(50*time.Millisecond))
+	transfer(t, puppet, victim, random(256<<10), writeAll(puppet))
+	puppet.mu.Lock()
+	old := puppet.tx[large]
+	puppet.mu.Unlock()
+	waitFor(t, func() bool { return victim.Stats().ShrinksServed == 1 })
+	canary, err := victim.pool.Get(bufpool.Owner(1<<41), largeBytes, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer canary.Release()
+	for i := range canary.Bytes() {
+		canary.Bytes()[i] = 0xa5
+	}
+	want := bytes.Clone(canary.Bytes())
+	puppet.mu.Lock()
+	for puppet.recordOut && puppet.err == nil {
+		puppet.waitLocked(puppet.changed, time.Now().Add(100*time.Millisecond))
+	}
+	post(t, puppet, transport.SendWR{Opcode: transport.OpWriteWithImm, RemoteAddr: old.addr, RKey: old.rkey,
+		Imm: encodeImm(kindLarge, small, 0, 8)}, []byte("12345678"))
+	puppet.mu.Unlock()
+	verr, perr := connErr(t, victim), connErr(t, puppet)
+	t.Logf("victim: %v; puppet: %v", verr, perr)
+	mustEqual(t, "a buffer registered after the ring went", canary.Bytes(), want)
+}
+
+// The same while the ring is still retiring (the victim has not read
+// what is in it): the victim itself refuses the message.
+func TestRetiringRingRefusesWrites(t *testing.T) {
+	puppet, victim := conns(t, WithIdleShrink(50*time.Millisecond))
+	if _, err := puppet.Write(random(64 << 10)); err != nil { // enlarges; the victim reads nothing yet
+		t.Fatal(err)
+	}
+	puppet.mu.Lock()
+	old := puppet.tx[large]
+	puppet.mu.Unlock()
+	waitFor(t, func() bool { return puppet.Stats().Shrinks == 1 })
+	waitFor(t, func() bool { victim.mu.Lock(); defer victim.mu.Unlock(); return victim.rx[large].retiring })
+	puppet.mu.Lock()
+	for puppet.recordOut && puppet.err == nil {
+		puppet.waitLocked(puppet.changed, time.Now().Add(100*time.Millisecond))
+	}
+	slot := old.msgs % uint64(old.count)
+	post(t, puppet, transport.SendWR{Opcode: transport.OpWriteWithImm, RemoteAddr: old.addr + slot*uint64(old.size), RKey: old.rkey,
+		Imm: encodeImm(kindLarge, small, 0, 8)}, []byte("12345678"))
+	puppet.mu.Unlock()
+	if err := connErr(t, victim); !strings.Contains(err.Error(), "after the writer shrank away") {
+		t.Fatalf("victim: %v, want the write refused as after the shrink", err)
 	}
 }
