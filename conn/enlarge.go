@@ -68,6 +68,7 @@ type enlargement struct {
 	shrinkTimer    *time.Timer
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
+	answered  uint32 // the newest request answered
 	serving   bool   // the enlargement server goroutine runs
 	rxRefused error
 }
@@ -292,12 +293,12 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
-		// A request while the peer has written into our large ring:
-		// it shrank away from it and its shrink record was torn (a
-		// retry after a lost ack comes before any write, since the
-		// writer takes only the answer to its latest request). Retire
-		// the ring as the record would have.
-		if r := &c.rx[large]; r.buf != nil && !r.retiring && r.arrived > 0 {
+		// A new request (not a replay of one answered) while the peer
+		// has written into our large ring: it shrank away from it and
+		// its shrink record was torn (a retry after a lost ack comes
+		// before any write, since the writer takes only the answer to
+		// its latest request). Retire the ring as the record would have.
+		if r := &c.rx[large]; r.buf != nil && !r.retiring && r.arrived > 0 && c.enl.reqIn > c.enl.answered {
 			c.retireLargeLocked()
 		}
 		// A large ring the peer shrank away from is still draining: the
@@ -354,6 +355,7 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 			tel.Abort(err)
 			return
 		}
+		c.enl.answered = max(c.enl.answered, seq)
 		c.endServeTelemetryLocked(tel, arrived)
 		if c.enl.reqIn == seq {
 			c.enl.serving = false
