@@ -128,3 +128,35 @@ func TestConnEnlargementMarker(t *testing.T) {
 		})
 	}
 }
+
+// Idle shrinks reach the marker too: one per direction's writer and one
+// per reader that dropped its large ring, as KindShrink.
+func TestConnShrinkMarker(t *testing.T) {
+	requireRoot(t)
+	b := connBuilds[0]
+	bin := buildConn(t, b.name, b.flags)
+	const n = 4
+	tg := startTarget(t, bin, "-n", "4", "-shrink")
+	tr, err := Open(Options{PID: tg.cmd.Process.Pid})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer tr.Close()
+	if _, err := tr.AttachGoFuncs(bin, KnownGoFuncs); err != nil {
+		t.Fatalf("AttachGoFuncs: %v", err)
+	}
+	tg.run(t)
+	outcomes := map[uint32]int{}
+	for _, ev := range drain(t, tr) {
+		if ev.Kind != KindShrink {
+			continue
+		}
+		outcomes[ev.Outcome]++
+		if ev.FromSize != 32<<10 || ev.ToSize != 1024 || ev.ConnID == 0 {
+			t.Errorf("shrink event %+v: want 32768 → 1024 on a connection", ev)
+		}
+	}
+	if outcomes[OutcomeShrunk] != n || outcomes[OutcomeShrinkServed] != n || len(outcomes) != 2 {
+		t.Fatalf("shrink outcomes %v, want %d shrunk and %d served", outcomes, n, n)
+	}
+}

@@ -103,8 +103,11 @@ func decodeGo(ev *Event, raw *probesEvent, fn *GoFunc) {
 		ev.ToSize = uint32(args[markerTo])
 		ev.EnlargeDuration = time.Duration(int64(args[markerDuration]))
 		ev.Outcome = uint32(args[markerOutcome])
-		if ev.Outcome >= OutcomeOpenedRDMA && ev.Outcome <= OutcomeClosed {
+		switch {
+		case ev.Outcome >= OutcomeOpenedRDMA && ev.Outcome <= OutcomeClosed:
 			ev.Kind = KindConnection
+		case ev.Outcome == OutcomeShrunk || ev.Outcome == OutcomeShrinkServed:
+			ev.Kind = KindShrink
 		}
 		return
 	}

@@ -12,6 +12,11 @@ const (
 	// conn reports it on the enlargement marker with an outcome code of
 	// its own (OutcomeOpenedRDMA...).
 	KindConnection
+	// KindShrink: a direction went back to its small buffers (conn's
+	// idle shrink), on the enlargement marker too: our sending direction
+	// (OutcomeShrunk) or the peer's, whose large ring was dropped here
+	// (OutcomeShrinkServed).
+	KindShrink
 )
 
 // The enlargement marker's outcome codes of connection events (conn's
@@ -20,6 +25,10 @@ const (
 	OutcomeOpenedRDMA = 7
 	OutcomeOpenedTCP  = 8
 	OutcomeClosed     = 9
+
+	// Shrink codes (conn's outcomeShrunk, outcomeShrinkServed).
+	OutcomeShrunk       = 10
+	OutcomeShrinkServed = 11
 )
 
 func (k Kind) String() string {
@@ -34,6 +43,8 @@ func (k Kind) String() string {
 		return "enlarge"
 	case KindConnection:
 		return "conn"
+	case KindShrink:
+		return "shrink"
 	}
 	return "unknown"
 }

@@ -74,15 +74,20 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 		// the reader still gets everything (Close delivers in the
 		// background).
 		closeAfterWrite bool
+		// shrink: the writer enlarges and shrinks (idle) before the
+		// write; atShrink: the rule is armed between the two, for the
+		// shrink record.
+		shrink, atShrink bool
 	}
 	var cells []cell
 	for _, ph := range []struct {
-		name string
-		n    int
-	}{{"small", 200}, {"large", 100 << 10}, {"rendezvous", 2 << 20}} {
-		cells = append(cells, cell{name: ph.name + "/clean", write: ph.n})
-		cells = append(cells, cell{name: ph.name + "/close-after-write", write: ph.n, closeAfterWrite: true})
-		cells = append(cells, cell{name: ph.name + "/qp-error", write: ph.n, want: "lost",
+		name   string
+		n      int
+		shrink bool
+	}{{"small", 200, false}, {"large", 100 << 10, false}, {"rendezvous", 2 << 20, false}, {"shrunk-then-large", 100 << 10, true}} {
+		cells = append(cells, cell{name: ph.name + "/clean", write: ph.n, shrink: ph.shrink})
+		cells = append(cells, cell{name: ph.name + "/close-after-write", write: ph.n, closeAfterWrite: true, shrink: ph.shrink})
+		cells = append(cells, cell{name: ph.name + "/qp-error", write: ph.n, want: "lost", shrink: ph.shrink,
 			rule: func(qp uint32) *fault.Rule {
 				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActQPError, Nth: 2,
 					Match: func(ev *fault.Event) bool { return ev.QPNum == qp }}
@@ -90,7 +95,7 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 		for _, st := range []transport.Status{transport.StatusLocLenErr, transport.StatusLocQPOpErr, transport.StatusLocProtErr,
 			transport.StatusWRFlushErr, transport.StatusRemAccessErr, transport.StatusRemOpErr, transport.StatusRetryExcErr,
 			transport.StatusRNRRetryExcErr, transport.StatusFatalErr, transport.StatusGeneralErr} {
-			cells = append(cells, cell{name: ph.name + "/" + strings.ReplaceAll(st.String(), " ", "-"), write: ph.n, want: st.String(),
+			cells = append(cells, cell{name: ph.name + "/" + strings.ReplaceAll(st.String(), " ", "-"), write: ph.n, want: st.String(), shrink: ph.shrink,
 				rule: func(qp uint32) *fault.Rule {
 					return &fault.Rule{Op: fault.OpCompletion, Action: fault.ActStatus, Status: st, Nth: 2,
 						Match: func(ev *fault.Event) bool { return ev.QPNum == qp && ev.WC.Opcode == transport.WCRDMAWrite }}
@@ -106,14 +111,50 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 			rule: func(uint32) *fault.Rule {
 				return &fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: 1 << 20}
 			}},
+		// The shrink record itself: its post fails, its completion
+		// fails, it is torn on its way (recovered at the next
+		// enlargement).
+		cell{name: "shrinking/qp-error", write: 100 << 10, want: "lost", shrink: true, atShrink: true,
+			rule: func(qp uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActQPError,
+					Match: func(ev *fault.Event) bool { return ev.QPNum == qp && isLargeRecord(recShrink)(ev) }}
+			}},
+		cell{name: "shrinking/remote-access-error", write: 100 << 10, want: transport.StatusRemAccessErr.String(), shrink: true, atShrink: true,
+			rule: func(qp uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpCompletion, Action: fault.ActStatus, Status: transport.StatusRemAccessErr,
+					Match: func(ev *fault.Event) bool {
+						return ev.QPNum == qp && ev.WC.Opcode == transport.WCRDMAWrite && ev.WC.ID&idRecord != 0
+					}}
+			}},
+		cell{name: "shrinking/record-torn", write: 100 << 10, shrink: true, atShrink: true,
+			rule: func(qp uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActCorrupt, Offset: -1,
+					Match: func(ev *fault.Event) bool { return ev.QPNum == qp && isLargeRecord(recShrink)(ev) }}
+			}},
 	)
 	for _, tc := range cells {
 		t.Run(tc.name, func(t *testing.T) {
 			goroutines := goleak.IgnoreCurrent()
 			budget := bufpool.NewBudget(0)
-			a, b := conns(t, WithProvider(leaks.Name()), WithBudget(budget), WithRendezvousThreshold(1<<20))
+			opts := []Option{WithProvider(leaks.Name()), WithBudget(budget), WithRendezvousThreshold(1 << 20)}
+			if tc.shrink {
+				opts = append(opts, WithIdleShrink(20*time.Millisecond))
+			}
+			a, b := conns(t, opts...)
 			transfer(t, a, b, random(10), writeAll(a)) // connected and working
-			if tc.rule != nil {
+			if tc.shrink {
+				transfer(t, a, b, random(100<<10), writeAll(a)) // enlarged
+				if tc.atShrink {
+					h := leaks.MustAdd(*tc.rule(a.qp.Num()))
+					defer h.Remove()
+				}
+				waitFor(t, func() bool {
+					a.mu.Lock()
+					defer a.mu.Unlock()
+					return a.st.Shrinks == 1 || a.err != nil
+				})
+			}
+			if tc.rule != nil && !tc.atShrink {
 				h := leaks.MustAdd(*tc.rule(a.qp.Num()))
 				defer h.Remove()
 			}

@@ -40,6 +40,7 @@ type soakFigures struct {
 	closes, readDeadlines, writeDeadlines atomic.Int64
 	corrupt                               atomic.Int64
 	lingered, tight, shortReads           atomic.Int64
+	shrinks                               atomic.Int64
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -178,8 +179,12 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 		}()
 	}
 	opts := []Option{WithProvider(soakInj.Name()), WithBudget(budget)}
-	if rng.IntN(2) == 0 {
+	switch rng.IntN(3) {
+	case 0:
 		opts = append(opts, WithFreeSmallOnEnlarge())
+	case 1:
+		// Shrinks racing the writes: the idle time is about a message's.
+		opts = append(opts, WithIdleShrink(time.Duration(1+rng.IntN(5))*time.Millisecond))
 	}
 	ca, cb, _, err := pipe(t, opts...)
 	if err != nil {
@@ -258,6 +263,7 @@ func soakCount(f *soakFigures, cs ...*Conn) {
 	for _, c := range cs {
 		s := c.Stats()
 		f.enlargements.Add(int64(s.Enlargements))
+		f.shrinks.Add(int64(s.Shrinks))
 		f.rendezvous.Add(int64(s.Rendezvous))
 		f.fallbacks.Add(int64(s.RendezvousFallbacks))
 		f.shortReads.Add(int64(s.RendezvousShortReads))
@@ -358,8 +364,8 @@ func TestSoak(t *testing.T) {
 		leaked++
 		t.Errorf("goroutines left: %v", err)
 	}
-	t.Logf("soak: %v, seed base %#x: conns=%d sessions=%d messages=%d bytes=%d enlargements=%d rendezvous=%d fallbacks=%d short-reads=%d tight-budget-sessions=%d closes=%d closes-after-write=%d read-deadline-hits=%d write-deadline-hits=%d corruption=%d leaks=%d failures=%d",
-		elapsed.Round(time.Millisecond), base, f.conns.Load(), f.sessions.Load(), f.msgs.Load(), f.bytes.Load(), f.enlargements.Load(), f.rendezvous.Load(), f.fallbacks.Load(),
+	t.Logf("soak: %v, seed base %#x: conns=%d sessions=%d messages=%d bytes=%d enlargements=%d shrinks=%d rendezvous=%d fallbacks=%d short-reads=%d tight-budget-sessions=%d closes=%d closes-after-write=%d read-deadline-hits=%d write-deadline-hits=%d corruption=%d leaks=%d failures=%d",
+		elapsed.Round(time.Millisecond), base, f.conns.Load(), f.sessions.Load(), f.msgs.Load(), f.bytes.Load(), f.enlargements.Load(), f.shrinks.Load(), f.rendezvous.Load(), f.fallbacks.Load(),
 		f.shortReads.Load(), f.tight.Load(), f.closes.Load(), f.lingered.Load(), f.readDeadlines.Load(), f.writeDeadlines.Load(), f.corrupt.Load(), leaked, len(failures))
 	for i, err := range failures {
 		if i == 20 {

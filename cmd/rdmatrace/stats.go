@@ -32,6 +32,7 @@ type proc struct {
 	live                           int64  // bytes registered minus released, since start
 	releasedUnseen                 bool   // released memory registered before we started
 	Enlargements                   uint64
+	Shrinks                        uint64  // of either direction
 	Rate                           float64 // registrations per second, last interval
 	lastRegs                       uint64
 
@@ -163,6 +164,20 @@ func (s *stats) add(ev bpf.Event) {
 			p.open[ev.ConnID] = ev.Outcome == bpf.OutcomeOpenedRDMA
 		case bpf.OutcomeClosed:
 			delete(p.open, ev.ConnID)
+		}
+	case bpf.KindShrink:
+		p.Shrinks++
+		if p.sendPhase == nil {
+			p.sendPhase, p.recvPhase = map[uint64]bool{}, map[uint64]bool{}
+		}
+		if ev.Outcome == bpf.OutcomeShrunk {
+			p.sendPhase[ev.ConnID] = false
+		} else {
+			p.recvPhase[ev.ConnID] = false
+		}
+		s.enl = append(s.enl, ev)
+		if len(s.enl) > maxEnlargements {
+			s.enl = slices.Delete(s.enl, 0, len(s.enl)-maxEnlargements)
 		}
 	case bpf.KindEnlargement:
 		p.Enlargements++

@@ -149,3 +149,24 @@ func TestStatsConnectionsByProvider(t *testing.T) {
 		t.Fatalf("connection markers counted as enlargements: %d, %v", p.Enlargements, s.enl)
 	}
 }
+
+// Shrink markers count as shrinks, put their direction back in the small
+// phase, and show in the recent list beside the enlargements.
+func TestStatsShrinks(t *testing.T) {
+	s := newStats(time.Unix(1000, 0))
+	ev := func(kind bpf.Kind, outcome uint32) bpf.Event {
+		return bpf.Event{Kind: kind, PID: 10, Comm: "svc", ConnID: 3, Outcome: outcome}
+	}
+	s.add(ev(bpf.KindEnlargement, 1)) // enlarged
+	s.add(ev(bpf.KindEnlargement, 5)) // served
+	if sl, rl, _ := s.procs[10].phases(); sl != 1 || rl != 1 {
+		t.Fatalf("after the enlargements: %d large send, %d large receive; want 1, 1", sl, rl)
+	}
+	s.add(ev(bpf.KindShrink, bpf.OutcomeShrunk))
+	s.add(ev(bpf.KindShrink, bpf.OutcomeShrinkServed))
+	p := s.procs[10]
+	if sl, rl, small := p.phases(); sl != 0 || rl != 0 || small != 2 || p.Shrinks != 2 || p.Enlargements != 2 || len(s.enl) != 4 {
+		t.Fatalf("after the shrinks: %d/%d large, %d small, %d shrinks, %d enlargements, %d listed; want 0/0, 2, 2, 2, 4",
+			sl, rl, small, p.Shrinks, p.Enlargements, len(s.enl))
+	}
+}

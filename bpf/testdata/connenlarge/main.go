@@ -2,7 +2,8 @@
 // bpf tests: after a line on stdin it opens n connection pairs over the
 // shm provider, writes one message above the threshold on each (so the
 // writer enlarges and the reader provisions: two enlargementMarker calls
-// per pair), prints "done" and exits.
+// per pair), prints "done" and exits. With -shrink, each pair then idles
+// until the writer's direction shrank back (two more marker calls).
 package main
 
 import (
@@ -13,12 +14,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
 )
 
 func main() {
 	n := flag.Int("n", 5, "connection pairs, one enlargement each")
+	flag.BoolVar(&shrink, "shrink", false, "wait for each pair's idle shrink")
 	flag.Parse()
 	fmt.Println("ready")
 	if !bufio.NewScanner(os.Stdin).Scan() {
@@ -34,9 +37,15 @@ func main() {
 	fmt.Println("done")
 }
 
+var shrink bool
+
 func pair() error {
 	ctx := context.Background()
-	l, err := conn.Listen(ctx, "127.0.0.1:0", conn.WithProvider("shm"))
+	opts := []conn.Option{conn.WithProvider("shm")}
+	if shrink {
+		opts = append(opts, conn.WithIdleShrink(20*time.Millisecond))
+	}
+	l, err := conn.Listen(ctx, "127.0.0.1:0", opts...)
 	if err != nil {
 		return err
 	}
@@ -50,7 +59,7 @@ func pair() error {
 		}
 		accepted <- c
 	}()
-	c, err := conn.Dial(ctx, l.Addr().String(), conn.WithProvider("shm"))
+	c, err := conn.Dial(ctx, l.Addr().String(), opts...)
 	if err != nil {
 		return err
 	}
@@ -66,5 +75,13 @@ func pair() error {
 	if _, err := c.Write(msg); err != nil {
 		return err
 	}
-	return <-done
+	if err := <-done; err != nil || !shrink {
+		return err
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if c.(*conn.Conn).Stats().Shrinks == 1 && s.(*conn.Conn).Stats().ShrinksServed == 1 {
+			return nil
+		}
+	}
+	return fmt.Errorf("no shrink within 5 s")
 }
