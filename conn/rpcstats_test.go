@@ -2,6 +2,7 @@ package conn_test
 
 import (
 	"context"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -379,4 +380,72 @@ func TestStatsHandlerCreditStalls(t *testing.T) {
 		return
 	}
 	t.Fatalf("no credit stall event on the client span: %v", spans[0].Events())
+}
+
+// A stream left open and idle past WithIdleShrink: both directions shrink
+// under it, and its span carries both shrinks, linked to their spans,
+// which link back to it.
+func TestStatsHandlerShrinkOnRPC(t *testing.T) {
+	w := newRPCWorldWith(t, []conn.Option{conn.WithIdleShrink(50 * time.Millisecond)})
+	tc := w.client(t)
+	st, err := tc.FullDuplexCall(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&testgrpc.StreamingOutputCallRequest{
+		ResponseParameters: []*testgrpc.ResponseParameters{{Size: 256 << 10}},
+		Payload:            &testgrpc.Payload{Body: make([]byte, 256<<10)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // idle: both directions shrink
+	st.CloseSend()
+	if _, err := st.Recv(); err != io.EOF {
+		t.Fatalf("end of stream: %v", err)
+	}
+	const name = "grpc.testing.TestService/FullDuplexCall"
+	var spans []sdktrace.ReadOnlySpan
+	for deadline := time.Now().Add(10 * time.Second); len(spans) == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		spans = w.spans(name, trace.SpanKindClient)
+	}
+	if len(spans) != 1 {
+		t.Fatalf("%d client spans", len(spans))
+	}
+	s := spans[0]
+	shrinkSpans := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, x := range w.spans("rdmagrpc.shrink", trace.SpanKindUnspecified) {
+		shrinkSpans[x.SpanContext().SpanID()] = x
+	}
+	sides := map[string]bool{}
+	for _, e := range s.Events() {
+		if e.Name != "rdmagrpc.shrink" {
+			continue
+		}
+		side, _ := eventAttr(e, "rdmagrpc.enlargement.side")
+		reason, _ := eventAttr(e, "rdmagrpc.shrink.reason")
+		id, _ := eventAttr(e, "rdmagrpc.link.span_id")
+		t.Logf("client span: shrink event, side %s, reason %s, span %s", side, reason, id)
+		sides[side] = reason == "idle"
+		found := false
+		for sid, x := range shrinkSpans {
+			if sid.String() == id {
+				found = true
+				back := false
+				for _, l := range x.Links() {
+					back = back || l.SpanContext.SpanID() == s.SpanContext().SpanID()
+				}
+				if !back {
+					t.Errorf("shrink span %s does not link to the RPC in flight", id)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("shrink event's span %s not among the %d shrink spans", id, len(shrinkSpans))
+		}
+	}
+	if !sides["sender"] || !sides["receiver"] {
+		t.Fatalf("shrink events by side on the client span: %v, want sender and receiver, reason idle", sides)
+	}
 }
