@@ -16,12 +16,21 @@ import (
 const (
 	phaseSmall    = iota // small buffers; enlargement may be asked for
 	phaseLarge           // enlarged
-	phaseRefused         // the peer could not provision: small for good
-	phaseTimedOut        // no acknowledgement after the retries: small for good
-	phaseLocalErr        // our own large staging could not be registered
+	phaseRefused         // the peer could not provision: small until the back-off ends
+	phaseTimedOut        // no acknowledgement after the retries: likewise
+	phaseLocalErr        // our own large staging could not be registered: likewise
 )
 
-var phaseNames = [...]string{"small", "large", "small (peer refused enlargement)", "small (enlargement ack timed out)", "small (local registration failed)"}
+// A failed enlargement is asked for again by the first large write after
+// a back-off that doubles from enlargeBackoffMin to enlargeBackoffMax
+// with each failure in a row: a budget short for a moment, or a peer
+// slow to answer, does not leave a connection small for its whole life.
+const (
+	enlargeBackoffMin = time.Second
+	enlargeBackoffMax = time.Minute
+)
+
+var phaseNames = [...]string{"small", "large", "small (peer refused enlargement; asks again after a back-off)", "small (enlargement ack timed out; asks again after a back-off)", "small (local registration failed; asks again after a back-off)"}
 
 // Outcomes reported to enlargementMarker (and rdmatrace).
 const (
@@ -66,6 +75,8 @@ type enlargement struct {
 	lastLarge      time.Time
 	shrunk         bool
 	shrinkTimer    *time.Timer
+	backoff        time.Duration // after the last failure (0: none in a row)
+	retryAt        time.Time     // a failed direction asks again from then on
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	answered  uint32 // the newest request answered
@@ -88,7 +99,11 @@ func (c *Conn) enlarge() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.enl.phase != phaseSmall {
-		return nil
+		if c.enl.phase == phaseLarge || time.Now().Before(c.enl.retryAt) {
+			return nil
+		}
+		// The back-off of a failed enlargement is over: ask again.
+		c.enl.phase, c.enl.refused, c.enl.localErr = phaseSmall, false, nil
 	}
 	start := time.Now()
 	from := uint32(c.tx[small].size)
@@ -168,8 +183,11 @@ func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start ti
 	c.enl.phase = phase
 	if outcome == outcomeEnlarged {
 		c.st.Enlargements++
+		c.enl.backoff = 0
 	} else {
 		c.st.EnlargeFailures++
+		c.enl.backoff = min(max(2*c.enl.backoff, enlargeBackoffMin), enlargeBackoffMax)
+		c.enl.retryAt = time.Now().Add(c.enl.backoff)
 	}
 	c.st.LastEnlargeFrom, c.st.LastEnlargeTo = int(from), int(to)
 	c.st.LastEnlargeDuration = d
@@ -314,7 +332,10 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 		seq := c.enl.reqIn
 		rx := &c.rx[large]
 		var tel *telemetry.Enlargement // only the pass that provisions
-		if rx.buf == nil && c.enl.rxRefused == nil {
+		if rx.buf == nil && (c.enl.rxRefused == nil || seq > c.enl.answered) {
+			// A new request after a refusal: the budget may have room
+			// now (the writer asks again only after its back-off).
+			c.enl.rxRefused = nil
 			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, c.o.largeSize, c.o.largeCount)
 			if c.rpcsInFlight() {
 				tel.Link(c.rpcLinks())

@@ -295,3 +295,30 @@ func TestDialSetupFailure(t *testing.T) {
 		t.Fatalf("live after the failed dial: %+v", live)
 	}
 }
+
+// A refusal is not for good: large writes during the back-off go through
+// the small ring without asking, the first one after it asks again, and
+// the budget, with room by then, serves it.
+func TestEnlargeRetriedAfterBackoff(t *testing.T) {
+	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: largeBytes, Nth: 1})
+	defer h.Remove()
+	a, b := conns(t, WithProvider(faults.Name()))
+	transfer(t, a, b, random(64<<10), writeAll(a))
+	sa := a.Stats()
+	if h.Fired() != 1 || sa.SendPhase != phaseNames[phaseRefused] || sa.EnlargeRetryAt.IsZero() {
+		t.Fatalf("first enlargement (fired %d): phase %q, retry at %v; want refused with a retry time", h.Fired(), sa.SendPhase, sa.EnlargeRetryAt)
+	}
+	if wait := time.Until(sa.EnlargeRetryAt); wait < enlargeBackoffMin/2 || wait > enlargeBackoffMin {
+		t.Fatalf("retry in %v, want about %v", wait, enlargeBackoffMin)
+	}
+	transfer(t, a, b, random(64<<10), writeAll(a)) // within the back-off
+	if s := a.Stats(); s.EnlargeFailures != 1 || s.Enlargements != 0 {
+		t.Fatalf("a write during the back-off asked again: %d failures, %d enlargements", s.EnlargeFailures, s.Enlargements)
+	}
+	time.Sleep(time.Until(sa.EnlargeRetryAt) + 10*time.Millisecond)
+	transfer(t, a, b, random(64<<10), writeAll(a))
+	if s, sb := a.Stats(), b.Stats(); s.Enlargements != 1 || s.SendPhase != "large" || !s.EnlargeRetryAt.IsZero() || sb.EnlargementsServed != 1 {
+		t.Fatalf("after the back-off: %d enlargements, phase %q, retry at %v, %d served; want 1, large, none, 1",
+			s.Enlargements, s.SendPhase, s.EnlargeRetryAt, sb.EnlargementsServed)
+	}
+}

@@ -26,6 +26,9 @@ type Stats struct {
 	LastEnlargeTo       int
 	LastEnlargeDuration time.Duration // first large write to usable large buffers
 	LastEnlargeOutcome  string
+	// EnlargeRetryAt: after a failed enlargement, when the next large
+	// write asks again (zero: no failure pending).
+	EnlargeRetryAt time.Time
 	// SendPhaseIndex is the sending direction's phase: 0 small, 1 large.
 	SendPhaseIndex int
 	// Shrinks of our sending direction back to small (WithIdleShrink),
@@ -78,6 +81,9 @@ func (c *Conn) Stats() Stats {
 	s.ProviderReason = c.providerWhy
 	s.Device = c.device
 	s.SendPhase = phaseNames[c.enl.phase]
+	if c.enl.phase != phaseSmall && c.enl.phase != phaseLarge {
+		s.EnlargeRetryAt = c.enl.retryAt
+	}
 	if c.sending == large {
 		s.SendPhaseIndex = 1
 	}
