@@ -28,6 +28,8 @@ func TestSmoke(t *testing.T) {
 		StreamSize:  64 << 10,
 		RawSizes:    []int{256 << 10},
 		Idle:        []int{3},
+		Fleet:       4,
+		FleetShrink: 50 * time.Millisecond,
 		Enlarge:     2,
 		OneProcess:  true,
 	}
@@ -70,6 +72,24 @@ func TestSmoke(t *testing.T) {
 		if line := find(md, "| 3 | "+strings.Replace(i.Transport, RDMA, "rdmagrpc (", 1)); line == "" {
 			t.Errorf("no idle row for %s", i.Transport)
 		}
+	}
+	// The fleet: with idle shrink, back to the small phase on both
+	// sides; without, still large.
+	if len(rep.Fleet) != 2 {
+		t.Fatalf("%d fleet runs, want 2", len(rep.Fleet))
+	}
+	const small = 2 * 1024 * 4
+	on, off := rep.Fleet[0], rep.Fleet[1]
+	if on.Err != nil || on.BackToSmall == 0 || on.EndClient != small || on.EndServer != small || on.PeakServer <= small {
+		t.Errorf("fleet with idle shrink: %+v", on)
+	}
+	// The receiving side holds the large ring (the sender's staging is
+	// nothing where the provider sends inline, shm).
+	if off.Err != nil || off.EndServer <= small {
+		t.Errorf("fleet without idle shrink: end %v / %v, %v", off.EndClient, off.EndServer, off.Err)
+	}
+	if find(md, "| idle shrink 50ms |") == "" || find(md, "| idle shrink off |") == "" {
+		t.Errorf("no fleet rows")
 	}
 	for _, g := range []string{"unary 64 B p50 ≤ 0.8× TCP", "CPU per RPC, client + server, ≤ TCP", "0 registrations in steady state", "3 idle connections held"} {
 		if find(md, "| "+g) == "" {

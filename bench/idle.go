@@ -56,6 +56,7 @@ func ServeIdleIfChild() {
 		}
 		os.Exit(0)
 	}
+	fleetIfChild()
 	name := os.Getenv(idleEnv)
 	if name == "" {
 		return

@@ -21,6 +21,8 @@ type Config struct {
 	StreamSize  int           // server-streamed message size
 	RawSizes    []int         // raw net.Conn write sizes
 	Idle        []int         // idle connection counts
+	Fleet       int           // fleet connections (0: no fleet figure)
+	FleetShrink time.Duration // the fleet's WithIdleShrink, time compressed
 	Enlarge     int           // fresh connections enlarged per round
 	Provider    string        // rdmagrpc's provider; "": conn's own choice
 	OneProcess  bool          // also the one-process figures (a second table)
@@ -39,6 +41,8 @@ func DefaultConfig() Config {
 		StreamSize:  1 << 20,
 		RawSizes:    []int{32 << 10, 1 << 20, 16 << 20},
 		Idle:        []int{1000, 10000},
+		Fleet:       1000,
+		FleetShrink: 200 * time.Millisecond,
 		Enlarge:     10,
 		OneProcess:  true,
 	}
@@ -58,6 +62,7 @@ type Report struct {
 	Enlarge []time.Duration // every sample, sorted
 	Steady  SteadyResult
 	Idle    []IdleResult
+	Fleet   []FleetResult // shrink on, then off
 	Elapsed time.Duration
 }
 
@@ -160,6 +165,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, t := range []network{ts[0], ts[2]} {
 			cfg.logf("idle: %d %s connections\n", n, t.name)
 			rep.Idle = append(rep.Idle, idle(ctx, t, cfg.Provider, n))
+		}
+	}
+	if cfg.Fleet > 0 {
+		for _, d := range []time.Duration{cfg.FleetShrink, -1} {
+			cfg.logf("fleet: %d connections, idle shrink %v\n", cfg.Fleet, d)
+			rep.Fleet = append(rep.Fleet, fleet(ctx, cfg.Provider, cfg.Fleet, d))
 		}
 	}
 	slices.Sort(rep.Enlarge)

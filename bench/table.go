@@ -151,6 +151,8 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 	}
 
+	r.fleetMarkdown(w)
+
 	fmt.Fprintf(w, "\nrdmagrpc:\n\n| figure | value |\n|---|---:|\n")
 	if v, ok := r.Median(rowEnlarge(), RDMA); ok {
 		mx, _ := r.Median(rowEnlargeMax(), RDMA)
