@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -227,20 +226,6 @@ func fleet(ctx context.Context, provider string, n int, d time.Duration) FleetRe
 	last := res.Samples[len(res.Samples)-1]
 	res.EndClient, res.EndServer = last.Client, last.Server
 	return res
-}
-
-// fleetIfChild serves as the fleet child when the process was started as
-// one; see ServeIdleIfChild.
-func fleetIfChild() {
-	d := os.Getenv(fleetEnv)
-	if d == "" {
-		return
-	}
-	if err := serveFleet(d, os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "rdmabench fleet server:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
 }
 
 // fleetMarkdown prints the fleet runs: peak and end per connection and

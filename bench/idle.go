@@ -49,23 +49,24 @@ const (
 // of the bench's children (the idle server, or the two-process server of
 // twoproc.go); otherwise it returns at once.
 func ServeIdleIfChild() {
-	if name := os.Getenv(serveEnv); name != "" {
-		if err := serveTwoProc(name, os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, "rdmabench server:", err)
+	for _, ch := range []struct {
+		env, what string
+		serve     func(string, io.Reader, io.Writer) error
+	}{
+		{serveEnv, "rdmabench server", serveTwoProc},
+		{idleEnv, "rdmabench idle server", serveIdle},
+		{fleetEnv, "rdmabench fleet server", serveFleet},
+	} {
+		v := os.Getenv(ch.env)
+		if v == "" {
+			continue
+		}
+		if err := ch.serve(v, os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, ch.what+":", err)
 			os.Exit(1)
 		}
 		os.Exit(0)
 	}
-	fleetIfChild()
-	name := os.Getenv(idleEnv)
-	if name == "" {
-		return
-	}
-	if err := serveIdle(name, os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "rdmabench idle server:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
 }
 
 // serveIdle listens, prints its address, accepts connections and holds

@@ -123,13 +123,18 @@ func TestWriteBuffersFigure5(t *testing.T) {
 	})
 }
 
-// isRecord matches the control record of type typ on its way out.
-func isRecord(typ byte) func(*fault.Event) bool {
+// isRecord matches the control record of type typ on its way out into
+// the peer's small ring.
+func isRecord(typ byte) func(*fault.Event) bool { return isRecordIn(kindControl, typ) }
+
+// isRecordIn matches a control record of type typ on its way out, sent
+// as kind (kindControl: into the small ring; kindRecordL: the large).
+func isRecordIn(kind int, typ byte) func(*fault.Event) bool {
 	return func(ev *fault.Event) bool {
 		if ev.Send == nil || ev.Send.Opcode != transport.OpWriteWithImm {
 			return false
 		}
-		if kind, _, _, _ := decodeImm(ev.Send.Imm); kind != kindControl {
+		if k, _, _, _ := decodeImm(ev.Send.Imm); k != kind {
 			return false
 		}
 		p := ev.Payload()

@@ -159,18 +159,7 @@ func TestShrinkRacingWrites(t *testing.T) {
 
 // isLargeRecord matches a control record of type typ going into the
 // peer's large ring.
-func isLargeRecord(typ byte) func(*fault.Event) bool {
-	return func(ev *fault.Event) bool {
-		if ev.Send == nil || ev.Send.Opcode != transport.OpWriteWithImm {
-			return false
-		}
-		if kind, _, _, _ := decodeImm(ev.Send.Imm); kind != kindRecordL {
-			return false
-		}
-		p := ev.Payload()
-		return len(p) == recordLen && p[4] == typ
-	}
-}
+func isLargeRecord(typ byte) func(*fault.Event) bool { return isRecordIn(kindRecordL, typ) }
 
 // A torn shrink record counts as not received: the receiver keeps the
 // ring until the writer asks to enlarge again, and then retires it before
