@@ -38,7 +38,13 @@ func (p *pd) RegMR(mem []byte, access transport.Access) (transport.MR, error) {
 	m, err := C.shim_reg_mr(p.pd, C.uintptr_t(uintptr(unsafe.Pointer(&mem[0]))), C.size_t(len(mem)), C.int(access))
 	if m == nil {
 		p.dev.mem.unpin(r)
-		return nil, fmt.Errorf("verbs: ibv_reg_mr(%d bytes, access %#x): %w", len(mem), uint32(access), errnoNow(err))
+		err = errnoNow(err)
+		if memlockErrno(err) {
+			if hint := memlockHint(len(mem)); hint != "" {
+				return nil, fmt.Errorf("verbs: ibv_reg_mr(%d bytes, access %#x): %w (%s)", len(mem), uint32(access), err, hint)
+			}
+		}
+		return nil, fmt.Errorf("verbs: ibv_reg_mr(%d bytes, access %#x): %w", len(mem), uint32(access), err)
 	}
 	return &mr{pd: p, mr: m, mem: mem, access: access, region: r,
 		addr: uint64(C.shim_mr_addr(m)), lkey: uint32(m.lkey), rkey: uint32(m.rkey)}, nil
