@@ -29,6 +29,7 @@ type device struct {
 	initDepth, respRes uint8
 
 	cm    *cmChannel
+	qpEnv qpEnv        // the environment's overrides of the RC attributes
 	comp  *compChannel // shared by every CQ of the device
 	async *asyncReader
 	mem   memRegistry
@@ -48,6 +49,9 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 	d := &device{name: C.GoString(C.shim_dev_name(ctx)), list: list, ctx: ctx, ndev: ndev}
 	tos, err := trafficClass()
 	if err != nil {
+		return nil, err
+	}
+	if d.qpEnv, err = readQPEnv(); err != nil {
 		return nil, err
 	}
 	var a C.struct_shim_dev_attr

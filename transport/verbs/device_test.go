@@ -475,3 +475,26 @@ func TestVerbsTrafficClass(t *testing.T) {
 	}
 	t.Logf("traffic class: dialer %d, acceptor %d", trafficClassOf(cli.qp), trafficClassOf(srv.qp))
 }
+
+// The environment's RC attributes reach the queue pair: the device
+// reports the local ACK timeout, retry count and RNR retry we set.
+func TestVerbsRCAttrsFromEnv(t *testing.T) {
+	t.Setenv(TimeoutEnv, "18")
+	t.Setenv(RetryCountEnv, "5")
+	t.Setenv(RNRRetryEnv, "3")
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, []byte("rc"), nil)
+	for _, q := range []struct {
+		who string
+		qp  transport.QP
+	}{{"dialer", cli.qp}, {"acceptor", srv.qp}} {
+		timeout, retry, rnr, ok := rcAttrsOf(q.qp)
+		if !ok {
+			t.Fatalf("%s: ibv_query_qp failed", q.who)
+		}
+		t.Logf("%s: timeout %d, retry count %d, RNR retry %d", q.who, timeout, retry, rnr)
+		if timeout != 18 || retry != 5 || rnr != 3 {
+			t.Errorf("%s: timeout %d, retry %d, RNR retry %d; want 18, 5, 3", q.who, timeout, retry, rnr)
+		}
+	}
+}

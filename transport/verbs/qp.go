@@ -104,6 +104,7 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	if err != nil {
 		return err
 	}
+	q.dev.qpEnv.apply(&a)
 	in := C.struct_shim_qp_cfg{
 		max_send_wr: C.uint32_t(a.maxSendWR), max_recv_wr: C.uint32_t(a.maxRecvWR),
 		max_send_sge: C.uint32_t(a.maxSendSGE), max_recv_sge: C.uint32_t(a.maxRecvSGE),
@@ -397,6 +398,21 @@ func sgePtr(s []C.struct_ibv_sge) *C.struct_ibv_sge {
 		return nil
 	}
 	return &s[0]
+}
+
+// rcAttrsOf are the local ACK timeout exponent, retry count and RNR retry
+// of a connected QP of this provider, as the device reports them
+// (ibv_query_qp); ok false for another kind or a failed query.
+func rcAttrsOf(tq transport.QP) (timeout, retry, rnr int, ok bool) {
+	q, isOurs := tq.(*qp)
+	if !isOurs || q.qp == nil {
+		return 0, 0, 0, false
+	}
+	var t, r, n C.int
+	if C.shim_qp_rc_attrs(q.qp, &t, &r, &n) != 0 {
+		return 0, 0, 0, false
+	}
+	return int(t), int(r), int(n), true
 }
 
 // trafficClassOf is the GRH traffic class of a connected QP of this

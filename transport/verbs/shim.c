@@ -641,3 +641,17 @@ int shim_qp_traffic_class(struct ibv_qp *qp)
 		return -1;
 	return attr.ah_attr.grh.traffic_class;
 }
+
+int shim_qp_rc_attrs(struct ibv_qp *qp, int *timeout, int *retry, int *rnr)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+
+	memset(&attr, 0, sizeof(attr));
+	if (shim_lib.ibv_query_qp(qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY, &init))
+		return -1;
+	*timeout = attr.timeout;
+	*retry = attr.retry_cnt;
+	*rnr = attr.rnr_retry;
+	return 0;
+}

@@ -199,5 +199,8 @@ int shim_set_tos(struct rdma_cm_id *id, uint8_t tos);
 // shim_qp_traffic_class is the GRH traffic class of qp's address vector
 // (ibv_query_qp), or -1.
 int shim_qp_traffic_class(struct ibv_qp *qp);
+// shim_qp_rc_attrs reads qp's local ACK timeout, retry count and RNR
+// retry (ibv_query_qp); 0 on success.
+int shim_qp_rc_attrs(struct ibv_qp *qp, int *timeout, int *retry, int *rnr);
 
 #endif

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -29,5 +30,29 @@ func TestParseTrafficClass(t *testing.T) {
 	t.Setenv(TrafficClassEnv, "")
 	if n, err := trafficClass(); n != -1 || err != nil {
 		t.Fatalf("empty: %d, %v; want unset", n, err)
+	}
+}
+
+func TestReadQPEnv(t *testing.T) {
+	t.Setenv(TimeoutEnv, "20")
+	t.Setenv(RetryCountEnv, "")
+	t.Setenv(RNRRetryEnv, "7")
+	e, err := readQPEnv()
+	if err != nil || e != (qpEnv{20, -1, 7}) {
+		t.Fatalf("readQPEnv: %+v, %v", e, err)
+	}
+	a := qpAttrs{timeout: 14, retryCnt: 7, rnrRetry: 6}
+	e.apply(&a)
+	if a.timeout != 20 || a.retryCnt != 7 || a.rnrRetry != 7 {
+		t.Fatalf("applied: %+v", a)
+	}
+	for _, bad := range []struct{ name, v string }{{TimeoutEnv, "32"}, {RetryCountEnv, "8"}, {RNRRetryEnv, "-1"}, {TimeoutEnv, "fast"}} {
+		t.Setenv(TimeoutEnv, "")
+		t.Setenv(RetryCountEnv, "")
+		t.Setenv(RNRRetryEnv, "")
+		t.Setenv(bad.name, bad.v)
+		if _, err := readQPEnv(); err == nil || !strings.Contains(err.Error(), bad.name) {
+			t.Errorf("%s=%q: %v, want an error naming it", bad.name, bad.v, err)
+		}
 	}
 }
