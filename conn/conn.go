@@ -411,7 +411,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	defer c.lastWrite.Store(time.Now().UnixNano())
+	defer func() { c.lastWrite.Store(time.Now().UnixNano()) }() // at the end, not at the defer
 	return c.writeElem(b)
 }
 
@@ -537,7 +537,7 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	defer c.lastWrite.Store(time.Now().UnixNano())
+	defer func() { c.lastWrite.Store(time.Now().UnixNano()) }() // at the end, not at the defer
 	var n int64
 	for _, b := range v {
 		k, err := c.writeElem(b)

@@ -320,19 +320,24 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 			c.retireLargeLocked()
 		}
 		// A large ring the peer shrank away from is still draining: the
-		// new one comes when it is gone (the peer's ack time-out and
-		// retries cover the wait).
-		for c.rx[large].retiring && !c.closed {
-			c.waitLocked(c.changed, time.Time{})
+		// new one comes when it is gone, if that is soon (within half
+		// the peer's ack time-out); else the answer is a refusal, and
+		// the peer asks again after its back-off. Waiting longer would
+		// provision for a request the writer gave up on, and keep that
+		// ring with nothing to shrink it.
+		drainBy := time.Now().Add(c.o.ackTimeout / 2)
+		for c.rx[large].retiring && !c.closed && c.err == nil && time.Now().Before(drainBy) {
+			c.waitLocked(c.changed, drainBy)
 		}
-		if c.closed {
+		if c.closed || c.err != nil {
 			c.enl.serving = false
 			return
 		}
 		seq := c.enl.reqIn
 		rx := &c.rx[large]
 		var tel *telemetry.Enlargement // only the pass that provisions
-		if rx.buf == nil && (c.enl.rxRefused == nil || seq > c.enl.answered) {
+		// Still draining (rx.retiring): refused below, not for good.
+		if !rx.retiring && rx.buf == nil && (c.enl.rxRefused == nil || seq > c.enl.answered) {
 			// A new request after a refusal: the budget may have room
 			// now (the writer asks again only after its back-off).
 			c.enl.rxRefused = nil
@@ -365,7 +370,7 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 			enlargementMarker(c.id, uint32(c.rx[small].size), uint32(c.o.largeSize), time.Since(start).Nanoseconds(), uint32(outcome))
 		}
 		answer := record{typ: recRefuse, seq: seq}
-		if rx.buf != nil {
+		if rx.buf != nil && !rx.retiring {
 			answer = record{typ: recAck, seq: seq, addr: rx.buf.Addr(), rkey: rx.buf.RKey(), size: uint32(rx.size), count: uint32(rx.count)}
 			if !c.o.freeSmall {
 				answer.addr2 = ackKeepsSmall

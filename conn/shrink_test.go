@@ -243,3 +243,54 @@ func TestRetiringRingRefusesWrites(t *testing.T) {
 		t.Fatalf("victim: %v, want the write refused as after the shrink", err)
 	}
 }
+
+// Idle time counts from the end of a write: one blocked on credits for
+// longer than the idle shrink is not followed by a shrink at once.
+func TestShrinkCountsFromTheWriteEnd(t *testing.T) {
+	const d = 200 * time.Millisecond
+	a, b := conns(t, WithIdleShrink(d), WithRendezvousThreshold(-1))
+	data := random(4 << 20)
+	go func() {
+		time.Sleep(2 * d) // the writer waits for credits meanwhile
+		io.ReadFull(b, make([]byte, len(data)))
+	}()
+	if _, err := a.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(d / 2)
+	if s := a.Stats(); s.Shrinks != 0 {
+		t.Fatalf("shrank %d times within %v of a write's end (idle shrink %v)", s.Shrinks, d/2, d)
+	}
+	waitFor(t, func() bool { return a.Stats().Shrinks == 1 })
+}
+
+// A request that arrives while the old large ring is still full of
+// unread data is refused (not for good) rather than served late: the
+// writer backs off, and no ring is provisioned for a request it gave up
+// on; once the reader drains the old ring, the receiver is back to small.
+func TestEnlargeWhileRetiringIsRefused(t *testing.T) {
+	a, b := conns(t, WithIdleShrink(50*time.Millisecond), WithAckTimeout(200*time.Millisecond, 1))
+	first := random(64 << 10)
+	if _, err := a.Write(first); err != nil { // enlarges; b reads nothing yet
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return a.Stats().Shrinks == 1 })
+	second := random(64 << 10)
+	done := make(chan error, 1)
+	go func() { _, err := a.Write(second); done <- err }()
+	waitFor(t, func() bool { return a.Stats().EnlargeFailures == 1 })
+	got := make([]byte, len(first)+len(second))
+	if _, err := io.ReadFull(b, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, append(first, second...)) {
+		t.Fatal("data differs")
+	}
+	if s := a.Stats(); s.SendPhase != phaseNames[phaseRefused] || s.EnlargeRetryAt.IsZero() {
+		t.Fatalf("writer: phase %q, retry at %v; want refused for now", s.SendPhase, s.EnlargeRetryAt)
+	}
+	waitFor(t, func() bool { return registered(b) == smallBytes })
+}
