@@ -31,6 +31,19 @@ type pollState struct {
 
 var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion) }}
 
+// spinners counts the completion loops of this process spinning now. A
+// spinning loop is not armed: what completes meanwhile wakes nobody, and
+// it waits for its turn to run. When more loops spin than there are
+// processors to spare, each waits in the run queue behind the others
+// (milliseconds under -race with hundreds of connections: every credit
+// exchange of a stream paid that), so beyond maxSpinners a loop arms at
+// once and sleeps, woken by the next completion, as Go's scheduler bounds
+// its own spinning threads. One busy connection per process, the common
+// case and the benchmarks', spins as before.
+var spinners atomic.Int32
+
+func maxSpinners() int32 { return int32(max(1, runtime.GOMAXPROCS(0)/2)) }
+
 // startPolling starts the completion loop, or hands the CQ our kick.
 func (c *Conn) startPolling() {
 	if n, ok := c.cq.(transport.NotifyCQ); ok {
@@ -108,6 +121,12 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 	// connection's first look, a kick that found nothing) arms at once
 	// instead of burning WithPollSpin of CPU on every set-up.
 	busy := false
+	spinning := false // holds one of the spinners
+	defer func() {
+		if spinning {
+			spinners.Add(-1)
+		}
+	}()
 	for {
 		if c.pl.stop.Load() {
 			c.pollExit(done)
@@ -132,8 +151,21 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 				last = now
 			}
 			if busy && now.Sub(last) < c.o.pollSpin {
-				runtime.Gosched()
-				continue
+				if !spinning {
+					if spinners.Add(1) <= maxSpinners() {
+						spinning = true
+					} else {
+						spinners.Add(-1)
+					}
+				}
+				if spinning {
+					runtime.Gosched()
+					continue
+				}
+			}
+			if spinning {
+				spinners.Add(-1)
+				spinning = false
 			}
 			if err := c.cq.ReqNotify(); err != nil {
 				c.fail(fmt.Errorf("conn: arm completion queue: %w", err))
