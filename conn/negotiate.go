@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"syscall"
@@ -442,7 +443,9 @@ func final(ctx context.Context, err error) bool {
 // fellBack makes the client Conn of a TCP connection that stays TCP.
 func fellBack(tc *net.TCPConn, replay []byte, why string, o *options) *Conn {
 	tc.SetDeadline(time.Time{})
-	o.log().Debug("rdmagrpc: connection over TCP", "remote", tc.RemoteAddr().String(), "why", why)
+	if l := o.log(); l.Enabled(context.Background(), slog.LevelDebug) {
+		l.Debug("rdmagrpc: connection over TCP", "remote", tc.RemoteAddr().String(), "why", why)
+	}
 	return newTCPConn(telemetry.Client, tc, replay, true, why, o)
 }
 

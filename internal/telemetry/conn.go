@@ -53,13 +53,19 @@ func (s *Set) StartConn(ctx context.Context, role string, id uint64, provider, p
 	_, span := s.tracer.Start(ctx, SpanConn, trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(
 		KeyConnID.Int64(int64(id)), KeyRole.String(role), KeyProvider.String(provider), KeyProviderWhy.String(providerWhy),
 		semconv.NetworkTransportKey.String(Transport)))
-	return &Conn{
+	c := &Conn{
 		set: s, role: role, provider: provider, id: id, span: span,
 		ctx:   trace.ContextWithSpan(context.Background(), span),
 		rec:   span.IsRecording(),
-		stall: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(KeyRole.String(role)))},
-		attrs: []attribute.KeyValue{KeyConnID.Int64(int64(id))},
+		stall: s.stallServer,
 	}
+	if role == Client {
+		c.stall = s.stallClient
+	}
+	if c.rec { // attrs go on child spans, made only when this one records
+		c.attrs = []attribute.KeyValue{KeyConnID.Int64(int64(id))}
+	}
+	return c
 }
 
 // Connected records the addresses and puts the connection in the gauges;
@@ -69,9 +75,9 @@ func (c *Conn) Connected(local, remote net.Addr, snap func() Snapshot) {
 	if c == nil {
 		return
 	}
-	peer := append(addrAttrs(remote, semconv.NetworkPeerAddress, semconv.NetworkPeerPort), networkType(remote)...)
-	c.attrs = append(append(c.attrs, semconv.NetworkTransportKey.String(Transport)), peer...)
-	if c.rec {
+	if c.rec { // the attributes are for spans only: none without one
+		peer := append(addrAttrs(remote, semconv.NetworkPeerAddress, semconv.NetworkPeerPort), networkType(remote)...)
+		c.attrs = append(append(c.attrs, semconv.NetworkTransportKey.String(Transport)), peer...)
 		c.span.SetAttributes(peer...)
 		c.span.SetAttributes(addrAttrs(local, semconv.NetworkLocalAddress, semconv.NetworkLocalPort)...)
 	}

@@ -172,6 +172,8 @@ type Set struct {
 
 	// Attribute options built once: Add with these allocates nothing.
 	transmit, receive []metric.AddOption
+	stallClient       []metric.AddOption // by the connection's role
+	stallServer       []metric.AddOption
 	regOK             []metric.AddOption
 	regOKRecord       []metric.RecordOption
 
@@ -255,6 +257,8 @@ func newSet(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
 		metric.WithInt64Callback(s.observeMemory))
 
 	s.transmit = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(semconv.NetworkIODirectionTransmit))}
+	s.stallClient = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(KeyRole.String(Client)))}
+	s.stallServer = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(KeyRole.String(Server)))}
 	s.receive = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(semconv.NetworkIODirectionReceive))}
 	s.regOK = []metric.AddOption{metric.WithAttributeSet(*attribute.EmptySet())}
 	s.regOKRecord = []metric.RecordOption{metric.WithAttributeSet(*attribute.EmptySet())}
