@@ -38,11 +38,13 @@ var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion
 // (milliseconds under -race with hundreds of connections: every credit
 // exchange of a stream paid that), so beyond maxSpinners a loop arms at
 // once and sleeps, woken by the next completion, as Go's scheduler bounds
-// its own spinning threads. One busy connection per process, the common
-// case and the benchmarks', spins as before.
+// its own spinning threads. Two per processor: a few busy connections
+// per process (the benchmarks', both ends of pairs in one process) spin
+// as before; one per processor already made such pairs' loops stop and
+// start again, a goroutine per message.
 var spinners atomic.Int32
 
-func maxSpinners() int32 { return int32(max(1, runtime.GOMAXPROCS(0)/2)) }
+func maxSpinners() int32 { return int32(2 * runtime.GOMAXPROCS(0)) }
 
 // startPolling starts the completion loop, or hands the CQ our kick.
 func (c *Conn) startPolling() {
