@@ -80,7 +80,9 @@ func TestSmoke(t *testing.T) {
 	}
 	const small = 2 * 1024 * 4
 	on, off := rep.Fleet[0], rep.Fleet[1]
-	if on.Err != nil || on.BackToSmall == 0 || on.EndClient != small || on.EndServer != small || on.PeakServer <= small {
+	// (Its peak may fall between samples: four connections, each large
+	// for about the idle shrink, sampled every 100 ms.)
+	if on.Err != nil || on.BackToSmall == 0 || on.EndClient != small || on.EndServer != small {
 		t.Errorf("fleet with idle shrink: %+v", on)
 	}
 	// The receiving side holds the large ring (the sender's staging is
