@@ -236,19 +236,7 @@ func TestNegotiationCutByServer(t *testing.T) {
 		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tl, err := net.Listen("tcp", testAddr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tl.Close()
-			go func() {
-				c, err := tl.Accept()
-				if err != nil {
-					return
-				}
-				tc.serve(c)
-				c.Close()
-			}()
+			tl := serveOnce(t, tc.serve)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			nc, err := Dial(ctx, tl.Addr().String(), WithProvider("shm"))
@@ -545,22 +533,9 @@ func TestNegotiationProbeCut(t *testing.T) {
 		}, settings, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tl, err := net.Listen("tcp", testAddr())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tl.Close()
-			addr := tl.Addr().String()
+			addr := serveOnce(t, tc.serve).Addr().String()
 			rememberServer(addr, "shm", knownServer{why: "test"})
 			t.Cleanup(func() { forgetServer(addr, "shm") })
-			go func() {
-				c, err := tl.Accept()
-				if err != nil {
-					return
-				}
-				tc.serve(c)
-				c.Close()
-			}()
 			nc, err := Dial(t.Context(), addr, WithProvider("shm"))
 			if err != nil {
 				t.Fatalf("a probe's dial failed: %v", err)
@@ -579,4 +554,24 @@ func TestNegotiationProbeCut(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveOnce is a TCP server, closed with the test, that hands its first
+// connection to serve and closes it after.
+func serveOnce(t *testing.T, serve func(net.Conn)) net.Listener {
+	t.Helper()
+	tl, err := net.Listen("tcp", testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tl.Close() })
+	go func() {
+		c, err := tl.Accept()
+		if err != nil {
+			return
+		}
+		serve(c)
+		c.Close()
+	}()
+	return tl
 }
