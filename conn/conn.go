@@ -338,11 +338,7 @@ func (c *Conn) readRingLocked(b []byte) int {
 		} else { // a spilled slot went back already
 			r.consume(int(e.slot))
 			c.returnCreditsLocked()
-			if e.ring == small {
-				c.maybeFreeSmallLocked()
-			} else {
-				c.maybeDropLargeLocked()
-			}
+			c.ringsConsumedLocked()
 		}
 	}
 	return k
@@ -411,7 +407,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	defer func() { c.lastWrite.Store(time.Now().UnixNano()) }() // at the end, not at the defer
+	defer c.noteWrite()
 	return c.writeElem(b)
 }
 
@@ -537,7 +533,7 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	defer func() { c.lastWrite.Store(time.Now().UnixNano()) }() // at the end, not at the defer
+	defer c.noteWrite()
 	var n int64
 	for _, b := range v {
 		k, err := c.writeElem(b)
@@ -565,8 +561,7 @@ func (c *Conn) discardLocked() {
 	c.recvQ, c.readOff, c.spilled = nil, 0, 0
 	c.rdv.in = nil // adverts we will not fetch; the peer knows (kindClose)
 	c.returnCreditsLocked()
-	c.maybeFreeSmallLocked()
-	c.maybeDropLargeLocked()
+	c.ringsConsumedLocked()
 }
 
 // isClosed lets calls after Close fail at once instead of queueing behind

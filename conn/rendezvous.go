@@ -409,9 +409,8 @@ func (c *Conn) spillLocked() {
 		}
 	}
 	if spilled {
-		c.maybeDropLargeLocked()
 		c.returnCreditsLocked()
-		c.maybeFreeSmallLocked()
+		c.ringsConsumedLocked()
 	}
 }
 

@@ -110,7 +110,7 @@ func (c *Conn) shrinkLocked() error {
 	c.enl.shrunk = true
 	if t.stage != nil {
 		if derr := t.stage.Discard(); derr != nil {
-			c.st.FreeSmallErrors++ // still registered: the pool reports it at Close
+			c.st.ShrinkDiscardErrors++ // still registered: the pool reports it at Close
 		}
 	}
 	*t = txRing{}
@@ -156,6 +156,22 @@ func (c *Conn) retireLargeLocked() error {
 
 var errShrinkNoRing = errors.New("shrink record with no large ring in use")
 
+// noteWrite marks the end of a Write for the idle shrink (only where it
+// is on: a clock read per Write otherwise for nothing).
+func (c *Conn) noteWrite() {
+	if c.o.idleShrink > 0 {
+		c.lastWrite.Store(time.Now().UnixNano())
+	}
+}
+
+// ringsConsumedLocked gives back receive rings whose last use was just
+// consumed: the small one after an enlargement (WithFreeSmallOnEnlarge),
+// a large one the writer shrank away from. Call it after consuming.
+func (c *Conn) ringsConsumedLocked() {
+	c.maybeFreeSmallLocked()
+	c.maybeDropLargeLocked()
+}
+
 // maybeDropLargeLocked deregisters a retiring large receive ring once the
 // reader consumed everything in it. Call it after consuming from it.
 func (c *Conn) maybeDropLargeLocked() {
@@ -165,7 +181,7 @@ func (c *Conn) maybeDropLargeLocked() {
 	}
 	from := r.size
 	if err := r.buf.Discard(); err != nil {
-		c.st.FreeSmallErrors++
+		c.st.ShrinkDiscardErrors++
 	}
 	d := time.Since(r.retiredAt)
 	*r = rxRing{}
