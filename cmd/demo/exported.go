@@ -73,13 +73,16 @@ func readExported(path string) ([]exportedSpan, error) {
 	}
 }
 
-// printSlowestRPC prints the slowest client RPC span of the export that
-// carries transport events (conn.StatsHandler's), with them and the spans
-// its links lead to: what an operator sees of a slow RPC in a trace
-// viewer. The slowest of all is named too when it is another one.
+// printSlowestRPC prints, from the export, the slowest client RPC span
+// that carries an enlargement event (conn.StatsHandler's): what an operator
+// sees in a trace viewer of the RPC that paid for an enlargement, with its
+// transport events and the spans its links lead to. The slowest RPC with
+// any transport event, and the slowest of all, are named too when they are
+// other ones: on a busy machine a scheduling hiccup can outlast the
+// enlargement.
 func printSlowestRPC(spans []exportedSpan) {
 	byID := map[string]exportedSpan{}
-	var slow, slowest *exportedSpan
+	var enlarged, eventful, slowest *exportedSpan
 	longer := func(a *exportedSpan, b exportedSpan) bool {
 		return a == nil || b.EndTime.Sub(b.StartTime) > a.EndTime.Sub(a.StartTime)
 	}
@@ -91,39 +94,60 @@ func printSlowestRPC(spans []exportedSpan) {
 		if longer(slowest, s) {
 			slowest = &spans[i]
 		}
-		if hasTransportEvents(s) && longer(slow, s) {
-			slow = &spans[i]
+		if hasEvent(s, "rdmagrpc.") && longer(eventful, s) {
+			eventful = &spans[i]
+		}
+		if hasEvent(s, "rdmagrpc.enlargement") && longer(enlarged, s) {
+			enlarged = &spans[i]
 		}
 	}
-	if slow == nil {
+	if eventful == nil {
 		fmt.Println("  no client RPC span carries transport events")
 		return
 	}
-	fmt.Printf("  the slowest client RPC with transport events, from the exported trace: %s, %v, trace %s span %s\n",
-		slow.Name, slow.EndTime.Sub(slow.StartTime).Round(time.Microsecond), slow.SpanContext.TraceID, slow.SpanContext.SpanID)
-	if slowest != slow {
-		fmt.Printf("    (the slowest of all, %v, span %s, had none: nothing of the transport's ended while it ran)\n",
-			slowest.EndTime.Sub(slowest.StartTime).Round(time.Microsecond), slowest.SpanContext.SpanID)
+	if enlarged == nil {
+		fmt.Println("  no client RPC span carries an enlargement event")
+		enlarged = eventful
+	} else {
+		fmt.Print("  the slowest client RPC that paid for an enlargement")
 	}
+	fmt.Printf(", from the exported trace: %s, %v, trace %s span %s\n",
+		enlarged.Name, duration(*enlarged), enlarged.SpanContext.TraceID, enlarged.SpanContext.SpanID)
+	printRPC(*enlarged, byID)
+	if eventful != enlarged {
+		fmt.Printf("  the slowest client RPC with any transport event: %v, span %s\n", duration(*eventful), eventful.SpanContext.SpanID)
+		printRPC(*eventful, byID)
+	}
+	if slowest != eventful {
+		fmt.Printf("  (the slowest of all, %v, span %s, had none: nothing of the transport's ended while it ran)\n",
+			duration(*slowest), slowest.SpanContext.SpanID)
+	}
+}
+
+func duration(s exportedSpan) time.Duration { return s.EndTime.Sub(s.StartTime).Round(time.Microsecond) }
+
+// printRPC prints one RPC span's transport events and links.
+func printRPC(s exportedSpan, byID map[string]exportedSpan) {
 	fmt.Printf("    on rdmagrpc connection %v (%v), phase %v at its start\n",
-		slow.attr("rdmagrpc.connection.id"), slow.attr("rdmagrpc.provider"), slow.attr("rdmagrpc.buffer.phase"))
-	for _, e := range slow.Events {
+		s.attr("rdmagrpc.connection.id"), s.attr("rdmagrpc.provider"), s.attr("rdmagrpc.buffer.phase"))
+	for _, e := range s.Events {
 		if !strings.HasPrefix(e.Name, "rdmagrpc.") {
 			continue // otelgrpc's message events
 		}
-		fmt.Printf("    +%-10v %s", e.Time.Sub(slow.StartTime).Round(time.Microsecond), e.Name)
+		fmt.Printf("    +%-10v %s", e.Time.Sub(s.StartTime).Round(time.Microsecond), e.Name)
 		for _, a := range e.Attributes {
 			fmt.Printf("  %s=%v", a.Key[len("rdmagrpc."):], a.Value.Value)
 		}
 		fmt.Println()
 	}
-	for _, l := range slow.Links {
+	for _, l := range s.Links {
 		if t, ok := byID[l.SpanContext.SpanID]; ok {
-			fmt.Printf("    linked: %s, %v, outcome %v\n", t.Name, t.EndTime.Sub(t.StartTime).Round(time.Microsecond), t.attr("rdmagrpc.enlargement.outcome"))
+			fmt.Printf("    linked: %s, %v, outcome %v\n", t.Name, duration(t), t.attr("rdmagrpc.enlargement.outcome"))
 		}
 	}
 }
 
-func hasTransportEvents(s exportedSpan) bool {
-	return slices.ContainsFunc(s.Events, func(e exportedEvent) bool { return strings.HasPrefix(e.Name, "rdmagrpc.") })
+// hasEvent says whether s has an event whose name starts with prefix.
+func hasEvent(s exportedSpan, prefix string) bool {
+	return slices.ContainsFunc(s.Events, func(e exportedEvent) bool { return strings.HasPrefix(e.Name, prefix) })
 }

@@ -53,7 +53,7 @@ func TestDemoExportsOpenTelemetry(t *testing.T) {
 	}
 
 	// The slow RPC with its transport events, read back from the export.
-	for _, want := range []string{"the slowest client RPC with transport events", "rdmagrpc.enlargement  enlargement.side=sender  enlargement.outcome=enlarged", "linked: rdmagrpc.enlargement.sender"} {
+	for _, want := range []string{"the slowest client RPC that paid for an enlargement", "rdmagrpc.enlargement  enlargement.side=sender  enlargement.outcome=enlarged", "linked: rdmagrpc.enlargement.sender"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the demo's output lacks %q:\n%s", want, out)
 		}
