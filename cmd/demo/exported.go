@@ -124,7 +124,9 @@ func printSlowestRPC(spans []exportedSpan) {
 	}
 }
 
-func duration(s exportedSpan) time.Duration { return s.EndTime.Sub(s.StartTime).Round(time.Microsecond) }
+func duration(s exportedSpan) time.Duration {
+	return s.EndTime.Sub(s.StartTime).Round(time.Microsecond)
+}
 
 // printRPC prints one RPC span's transport events and links.
 func printRPC(s exportedSpan, byID map[string]exportedSpan) {
