@@ -202,6 +202,14 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 		MaxInline:  c.inlineMax,
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
+	// Posted by the provider before the peer can send: the peer writes
+	// the moment it is connected (grpc-go's preface, the server's
+	// settings), and a receive posted after Connect or Accept return
+	// cost every new connection a 1 ms RNR timer.
+	cfg.InitialRecvs = make([]transport.RecvWR, recvs)
+	for i := range cfg.InitialRecvs {
+		cfg.InitialRecvs[i].ID = uint64(i)
+	}
 	return c, cfg, nil
 }
 
@@ -216,16 +224,11 @@ func (c *Conn) hello() hello {
 	return hello{ringAddr: r.buf.Addr(), ringRKey: r.buf.RKey(), slotSize: uint32(r.size), slotCount: uint32(r.count)}
 }
 
-// start posts the receives and starts the completion loop.
+// start starts the completion loop (the provider posted the receives).
 func (c *Conn) start(qp transport.QP, peer hello) error {
 	c.qp = qp
 	t := &c.tx[small]
 	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
-	for i := range c.recvDepth() {
-		if _, err := qp.PostRecv(transport.RecvWR{ID: uint64(i)}); err != nil {
-			return fmt.Errorf("conn: post receives: %w", err)
-		}
-	}
 	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
 	c.track()
 	c.opened.Store(true)

@@ -197,6 +197,13 @@ type QPConfig struct {
 	MinRNRTimer time.Duration
 	// Timeout is the local ACK timeout of one transmission.
 	Timeout time.Duration
+	// InitialRecvs are posted as soon as the QP exists, before the peer
+	// can learn of it (as rsockets posts its receives before rdma_accept).
+	// A peer may send the moment it sees the connection established;
+	// receives posted only after Connect or Accept return can come after
+	// that first message, which then waits out an RNR timer (a millisecond
+	// or more) on every new connection.
+	InitialRecvs []RecvWR
 }
 
 // QPState is a queue pair state (IBV_QPS_*).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -75,7 +76,7 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if err != nil {
 		return nil, err
 	}
-	return d.wrapQP(q, p, scq, rcq), nil
+	return d.wrapQP(q, cfg, p, scq, rcq), nil
 }
 
 func (d *device) Close() error {
@@ -93,11 +94,25 @@ func (d *device) unwrap(cfg transport.QPConfig) (transport.QPConfig, *pd, *cq, *
 		return cfg, nil, nil, nil, fmt.Errorf("fault: create QP: PD and CQs must come from this %s device: %w", d.inj.name, transport.ErrInvalidWR)
 	}
 	cfg.PD, cfg.SendCQ, cfg.RecvCQ = p.inner, scq.inner, rcq.inner
+	// The inner provider posts the initial receives under the wrapper's
+	// ids (wrapQP records them); no fault is injected on them, as there
+	// is no QP yet to move to ERROR.
+	cfg.InitialRecvs = slices.Clone(cfg.InitialRecvs)
+	for i := range cfg.InitialRecvs {
+		cfg.InitialRecvs[i].ID = uint64(i) | recvTag
+	}
 	return cfg, p, scq, rcq, nil
 }
 
-func (d *device) wrapQP(inner transport.QP, p *pd, scq, rcq *cq) *qp {
+// wrapQP wraps inner, made with cfg (the caller's, before unwrap).
+func (d *device) wrapQP(inner transport.QP, cfg transport.QPConfig, p *pd, scq, rcq *cq) *qp {
 	q := &qp{dev: d, inner: inner, num: inner.Num(), pd: p, scq: scq, rcq: rcq}
+	for i, wr := range cfg.InitialRecvs {
+		e := &recvEntry{seq: uint64(i), wr: wr}
+		e.wr.SG = slices.Clone(wr.SG)
+		q.recvQ = append(q.recvQ, e)
+	}
+	q.recvSeq = uint64(len(cfg.InitialRecvs))
 	d.inj.live.qps.Add(1)
 	d.mu.Lock()
 	d.qps[q.num] = q
@@ -262,5 +277,5 @@ func (r *connRequest) Accept(ctx context.Context, cfg transport.QPConfig, privat
 	if err != nil {
 		return nil, err
 	}
-	return r.dev.wrapQP(q, p, scq, rcq), nil
+	return r.dev.wrapQP(q, cfg, p, scq, rcq), nil
 }

@@ -125,6 +125,10 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
 	scq.attach(q, false)
 	rcq.attach(q, true)
+	if n, err := q.PostRecv(cfg.InitialRecvs...); err != nil || n < len(cfg.InitialRecvs) {
+		q.Close()
+		return nil, fmt.Errorf("shm: create QP: initial receives: %d of %d posted: %w", n, len(cfg.InitialRecvs), err)
+	}
 	return q, nil
 }
 

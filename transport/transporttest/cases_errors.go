@@ -263,6 +263,60 @@ var errorCases = []*testCase{
 			return p.awaitBye(ctx)
 		},
 	},
+	// QPConfig.InitialRecvs are there before the peer can send: a send
+	// right after the connection is up, by a sender that may not retry on
+	// RNR, lands in them, whichever side connected.
+	{
+		name: "InitialRecvsAccepter",
+		local: func(t *testing.T, e *env) {
+			ep := e.accept(setup{qp: initialRecvs(41, 42)}, nil)
+			for i, wc := range e.poll(ep.rcq, 2) {
+				e.check(wc, uint64(41+i), transport.StatusSuccess, transport.WCRecv, ep.qp.Num())
+				if !wc.HasImm || wc.Imm != uint32(7+i) {
+					t.Fatalf("receive %d: immediate %v %d, want %d", i, wc.HasImm, wc.Imm, 7+i)
+				}
+			}
+			e.expect("ok")
+		},
+		peer: func(ctx context.Context, p *peer) error {
+			ep, err := p.connect(ctx, setup{qp: func(c *transport.QPConfig) { c.RNRRetry = 0 }}, nil)
+			if err != nil {
+				return err
+			}
+			defer ep.close()
+			if err := sendImmediately(ctx, ep, 7, 8); err != nil {
+				return err
+			}
+			return p.okThenBye(ctx)
+		},
+	},
+	{
+		name: "InitialRecvsConnecter",
+		local: func(t *testing.T, e *env) {
+			ep := e.accept(setup{qp: func(c *transport.QPConfig) { c.RNRRetry = 0 }}, nil)
+			if err := sendImmediately(e.ctx(), ep, 7, 8); err != nil {
+				t.Fatal(err)
+			}
+			e.expect("ok")
+		},
+		peer: func(ctx context.Context, p *peer) error {
+			ep, err := p.connect(ctx, setup{qp: initialRecvs(41, 42)}, nil)
+			if err != nil {
+				return err
+			}
+			defer ep.close()
+			wcs, err := poll(ctx, ep.rcq, 2)
+			if err != nil {
+				return err
+			}
+			for i, wc := range wcs {
+				if err := check(wc, uint64(41+i), transport.StatusSuccess, transport.WCRecv, ep.qp.Num()); err != nil {
+					return err
+				}
+			}
+			return p.okThenBye(ctx)
+		},
+	},
 	{
 		name: "RNRThenReceivePosted",
 		local: func(t *testing.T, e *env) {
@@ -327,4 +381,35 @@ func waitDisconnected(t *testing.T, ep *endpoint) {
 	if s := ep.qp.State(); s != transport.QPSErr {
 		t.Fatalf("QP in %v after the peer left, want ERROR", s)
 	}
+}
+
+// initialRecvs has a QP posted receives with these ids (no buffers) as it
+// is created.
+func initialRecvs(ids ...uint64) func(*transport.QPConfig) {
+	return func(c *transport.QPConfig) {
+		for _, id := range ids {
+			c.InitialRecvs = append(c.InitialRecvs, transport.RecvWR{ID: id})
+		}
+	}
+}
+
+// sendImmediately sends a zero-length SEND_WITH_IMM per immediate the
+// moment ep is connected, and checks that each completed: with RNRRetry 0
+// a send that finds no receive fails.
+func sendImmediately(ctx context.Context, ep *endpoint, imms ...uint32) error {
+	for i, imm := range imms {
+		if err := ep.postSend(transport.SendWR{ID: uint64(i), Opcode: transport.OpSendWithImm, Imm: imm, Signaled: true}); err != nil {
+			return err
+		}
+	}
+	wcs, err := poll(ctx, ep.scq, len(imms))
+	if err != nil {
+		return err
+	}
+	for i, wc := range wcs {
+		if err := check(wc, uint64(i), transport.StatusSuccess, transport.WCSend, ep.qp.Num()); err != nil {
+			return fmt.Errorf("send %d right after connecting: %w", i, err)
+		}
+	}
+	return nil
 }

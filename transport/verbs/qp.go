@@ -132,7 +132,15 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	q.attrs.maxSendWR, q.attrs.maxRecvWR = int(q.cfgC.max_send_wr), int(q.cfgC.max_recv_wr)
 	q.attrs.maxSendSGE, q.attrs.maxRecvSGE = int(q.cfgC.max_send_sge), int(q.cfgC.max_recv_sge)
 	q.attrs.maxInline = int(q.cfgC.max_inline)
-	return q.moveTo(C.IBV_QPS_INIT)
+	if err := q.moveTo(C.IBV_QPS_INIT); err != nil {
+		return err
+	}
+	// INIT takes receives; the peer cannot send before RTR and the
+	// handshake.
+	if n, err := q.PostRecv(cfg.InitialRecvs...); err != nil || n < len(cfg.InitialRecvs) {
+		return fmt.Errorf("verbs: QP %d: initial receives: %d of %d posted: %w", q.num, n, len(cfg.InitialRecvs), err)
+	}
+	return nil
 }
 
 func (q *qp) moveTo(state C.int) error {
