@@ -1,13 +1,11 @@
 package shm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -57,25 +55,6 @@ func peerOf(cred *unix.Ucred) peerID {
 		id.start = startTime(id.pid)
 	}
 	return id
-}
-
-// startTime is field 22 of /proc/PID/stat, 0 when unreadable.
-func startTime(pid int) uint64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	// The command name (field 2) is in parentheses and may hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0
-	}
-	f := bytes.Fields(b[i+1:]) // field 3 on
-	if len(f) < 20 {
-		return 0
-	}
-	n, _ := strconv.ParseUint(string(f[19]), 10, 64)
-	return n
 }
 
 // alive reports whether the peer process still runs.
