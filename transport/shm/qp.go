@@ -120,6 +120,7 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		hup:      make(chan struct{}),
 		disc:     make(chan struct{}),
 	}
+	q.cfg.InitialRecvs = nil // posted below; not kept for the QP's life
 	q.timer = time.AfterFunc(time.Hour, q.service)
 	q.timer.Stop()
 	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
