@@ -125,6 +125,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "doctor" {
+		os.Exit(runDoctor(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	cfg, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
