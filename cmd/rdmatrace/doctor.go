@@ -55,13 +55,7 @@ func runDoctor(args []string, out, stderr io.Writer) int {
 	fs.StringVar(&c.sysfs, "sysfs", "/sys", "sysfs `root` to read devices from")
 	fs.StringVar(&c.connect, "connect", "", "dial this rdmagrpc `host:port` and report the connection")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "limit of the --connect dial")
-	fs.Usage = func() {
-		var b strings.Builder
-		fs.SetOutput(&b)
-		fs.PrintDefaults()
-		fs.SetOutput(stderr)
-		fmt.Fprintf(stderr, doctorUsage, b.String())
-	}
+	setUsage(fs, stderr, doctorUsage)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

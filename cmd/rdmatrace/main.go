@@ -102,13 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long, e.g. 30s (default: until q or Ctrl-C)")
 	fs.DurationVar(&c.interval, "interval", time.Second, "refresh interval of the live view and its rates")
 	fs.StringVar(&c.goPackage, "go-package", "", "import `path` to look for rdmagrpc's probe functions under, for binaries that vendor or rename it (e.g. main)")
-	fs.Usage = func() {
-		var b strings.Builder
-		fs.SetOutput(&b)
-		fs.PrintDefaults()
-		fs.SetOutput(stderr)
-		fmt.Fprintf(stderr, usage, b.String())
-	}
+	setUsage(fs, stderr, usage)
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -122,6 +116,18 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errors.New("--pid and --duration must not be negative")
 	}
 	return c, nil
+}
+
+// setUsage makes fs's usage text the format usage with the flag defaults
+// in place of its %s.
+func setUsage(fs *flag.FlagSet, stderr io.Writer, usage string) {
+	fs.Usage = func() {
+		var b strings.Builder
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		fs.SetOutput(stderr)
+		fmt.Fprintf(stderr, usage, b.String())
+	}
 }
 
 func main() {
