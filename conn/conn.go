@@ -94,10 +94,11 @@ type Conn struct {
 	provider    string
 	providerWhy string
 	device      string
-	tcp         *tcpSide     // set: a connection over TCP (tcp.go), nothing below is used
-	rpcs        rpcTrack     // the RPCs on it, for StatsHandler (rpcstats.go)
-	lastWrite   atomic.Int64 // UnixNano of the end of the last Write: idle shrink (shrink.go)
-	opened      atomic.Bool  // start succeeded: release reports the close to the marker
+	path        transport.Path // verbs: what the QP was programmed with
+	tcp         *tcpSide       // set: a connection over TCP (tcp.go), nothing below is used
+	rpcs        rpcTrack       // the RPCs on it, for StatsHandler (rpcstats.go)
+	lastWrite   atomic.Int64   // UnixNano of the end of the last Write: idle shrink (shrink.go)
+	opened      atomic.Bool    // start succeeded: release reports the close to the marker
 	o           *options
 	qp          transport.QP
 	pd          transport.PD
@@ -230,6 +231,14 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 	t := &c.tx[small]
 	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
 	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
+	if pq, ok := qp.(transport.PathQP); ok {
+		// Best effort: a QP that cannot say its path still carries data.
+		if p, err := pq.Path(); err == nil {
+			c.path = p
+		}
+	}
+	c.tel.Fabric(c.device, telemetry.Path{Port: c.path.Port, GIDIndex: c.path.GIDIndex, GIDType: c.path.GIDType,
+		MTU: c.path.MTU, TrafficClass: c.path.TrafficClass, ServiceLevel: c.path.ServiceLevel})
 	c.track()
 	c.opened.Store(true)
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)

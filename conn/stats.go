@@ -3,6 +3,8 @@ package conn
 import (
 	"fmt"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // Stats are a connection's counters, exact at the time of the call.
@@ -13,8 +15,12 @@ type Stats struct {
 	// unavailable here (no device, rdma-core not installed, ...).
 	ProviderReason string
 	Device         string // the provider's device the connection lives on (verbs: the HCA its route goes through)
-	SendPhase      string // "small", "large", or why it stayed small
-	RecvPhase      string // "small" or "large": what the peer writes into
+	// Path is the route the connection's traffic takes on an RDMA fabric
+	// (verbs): port, source GID index and RoCE version, path MTU, traffic
+	// class, service level; zero on shm and TCP.
+	Path      transport.Path
+	SendPhase string // "small", "large", or why it stayed small
+	RecvPhase string // "small" or "large": what the peer writes into
 	// RegisteredBytes is the registered memory this connection holds
 	// (its pool is its own: one protection domain per connection).
 	RegisteredBytes     int64
@@ -83,6 +89,7 @@ func (c *Conn) Stats() Stats {
 	s.Provider = c.provider
 	s.ProviderReason = c.providerWhy
 	s.Device = c.device
+	s.Path = c.path
 	s.SendPhase = phaseNames[c.enl.phase]
 	if c.enl.phase != phaseSmall && c.enl.phase != phaseLarge {
 		s.EnlargeRetryAt = c.enl.retryAt

@@ -23,6 +23,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
+	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
 
@@ -522,5 +523,48 @@ func TestTelemetryNoAllocsPerWrite(t *testing.T) {
 	transfer(t, as, bs, random(100), writeAll(as))
 	if n := hooks(as); n != 0 {
 		t.Errorf("write-path hooks with the SDK and a manual reader: %v allocations, want 0", n)
+	}
+}
+
+// The connection span and Stats say where the traffic goes: the device,
+// and over verbs the path (port, GID and its RoCE version, MTU, traffic
+// class); on shm no path.
+func TestFabricOnSpanAndStats(t *testing.T) {
+	h := newOtelSDK(t)
+	a, b := conns(t, h.opts()...)
+	st := a.Stats()
+	if st.Provider == "verbs" {
+		if st.Path.Port == 0 || st.Path.GIDType == "" || st.Path.MTU < 256 {
+			t.Errorf("verbs connection's path: %+v", st.Path)
+		}
+	} else if st.Path != (transport.Path{}) {
+		t.Errorf("%s connection has a path: %+v", st.Provider, st.Path)
+	}
+	t.Logf("%s on %s, path %+v", st.Provider, st.Device, st.Path)
+	a.Close()
+	b.Close()
+	var found int
+	for _, s := range h.spans.Ended() {
+		if s.Name() != telemetry.SpanConn {
+			continue
+		}
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, kv := range s.Attributes() {
+			attrs[kv.Key] = kv.Value
+		}
+		if attrs[telemetry.KeyDevice].AsString() != st.Device && attrs[telemetry.KeyDevice].AsString() != b.Stats().Device {
+			t.Errorf("connection span's device %q, want %q", attrs[telemetry.KeyDevice].AsString(), st.Device)
+		}
+		port, ok := attrs[telemetry.KeyPort]
+		if st.Provider == "verbs" && (!ok || port.AsInt64() != int64(st.Path.Port) || attrs[telemetry.KeyGIDType].AsString() != st.Path.GIDType) {
+			t.Errorf("verbs connection span lacks the path: %v", s.Attributes())
+		}
+		if st.Provider != "verbs" && ok {
+			t.Errorf("%s connection span has a port: %v", st.Provider, s.Attributes())
+		}
+		found++
+	}
+	if found != 2 {
+		t.Errorf("%d connection spans ended, want 2", found)
 	}
 }

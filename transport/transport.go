@@ -206,6 +206,22 @@ type QPConfig struct {
 	InitialRecvs []RecvWR
 }
 
+// Path is the route a connected QP's traffic takes on an RDMA fabric, as
+// the QP was programmed.
+type Path struct {
+	Port         int    // the device's port
+	GIDIndex     int    // the source GID's index in the port's table
+	GIDType      string // "RoCE v2", "IB/RoCE v1"; "" on InfiniBand
+	MTU          int    // the path MTU in bytes
+	TrafficClass int    // the GRH traffic class (DSCP × 4 + ECN)
+	ServiceLevel int
+}
+
+// PathQP is a QP that says which path it takes (verbs).
+type PathQP interface {
+	Path() (Path, error)
+}
+
 // QPState is a queue pair state (IBV_QPS_*).
 type QPState uint8
 

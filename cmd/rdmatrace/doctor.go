@@ -266,7 +266,12 @@ func (r *report) dial(addr string, timeout time.Duration) {
 	defer nc.Close()
 	c := nc.(*conn.Conn)
 	st := c.Stats()
-	r.printf("  connected in %v over %s (device %s), %v → %v\n\n", took.Round(time.Microsecond), st.Provider, orDash(st.Device), c.LocalAddr(), c.RemoteAddr())
+	r.printf("  connected in %v over %s (device %s), %v → %v\n", took.Round(time.Microsecond), st.Provider, orDash(st.Device), c.LocalAddr(), c.RemoteAddr())
+	if p := st.Path; p.Port != 0 {
+		r.printf("  path: port %d, source GID %d (%s), path MTU %d, traffic class %d, service level %d\n",
+			p.Port, p.GIDIndex, orDash(p.GIDType), p.MTU, p.TrafficClass, p.ServiceLevel)
+	}
+	r.printf("\n")
 }
 
 func (r *report) verdict() int {

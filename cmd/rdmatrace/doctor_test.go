@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/rdmagrpc/rdmagrpc/conn"
 	"github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 
@@ -122,5 +124,36 @@ func TestDoctorCommand(t *testing.T) {
 	}
 	if code != 1 {
 		t.Errorf("exit status %d with no RDMA device, want 1", code)
+	}
+}
+
+// --connect dials an rdmagrpc listener without fall-back and says what
+// the connection runs on; a dial to nothing is a problem, named.
+func TestDoctorConnect(t *testing.T) {
+	l, err := conn.Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var out, errs strings.Builder
+	runDoctor([]string{"--sysfs", t.TempDir(), "--connect", l.Addr().String()}, &out, &errs)
+	if !strings.Contains(out.String(), "connected in") || !strings.Contains(out.String(), "over shm") {
+		t.Errorf("--connect to an rdmagrpc listener:\n%s", out.String())
+	}
+	addr := l.Addr().String()
+	l.Close()
+	out.Reset()
+	runDoctor([]string{"--sysfs", t.TempDir(), "--connect", addr, "--timeout", "2s"}, &out, &errs)
+	if !strings.Contains(out.String(), "dial "+addr+" failed") {
+		t.Errorf("--connect to nothing:\n%s", out.String())
 	}
 }

@@ -88,6 +88,29 @@ func (c *Conn) Connected(local, remote net.Addr, snap func() Snapshot) {
 	c.set.mu.Unlock()
 }
 
+// Path is the route of a connection's traffic on an RDMA fabric; Port 0:
+// none (shm).
+type Path struct {
+	Port, GIDIndex    int
+	GIDType           string
+	MTU, TrafficClass int
+	ServiceLevel      int
+}
+
+// Fabric records on the connection span the device the connection lives
+// on and the path its traffic takes.
+func (c *Conn) Fabric(device string, p Path) {
+	if c == nil || !c.rec {
+		return
+	}
+	c.span.SetAttributes(KeyDevice.String(device))
+	if p.Port == 0 {
+		return
+	}
+	c.span.SetAttributes(KeyPort.Int(p.Port), KeyGIDIndex.Int(p.GIDIndex), KeyGIDType.String(p.GIDType),
+		KeyPathMTU.Int(p.MTU), KeyTrafficClass.Int(p.TrafficClass), KeyServiceLevel.Int(p.ServiceLevel))
+}
+
 // addrAttrs splits a host:port address (every provider's form, the port
 // being the connection manager's) into the semconv address and port.
 func addrAttrs(a net.Addr, address func(string) attribute.KeyValue, port func(int) attribute.KeyValue) []attribute.KeyValue {

@@ -97,6 +97,15 @@ const (
 	KeyStallWait       = attribute.Key("rdmagrpc.credit.stall.wait") // seconds, all stalls together
 	KeyLinkEvent       = attribute.Key("rdmagrpc.link.event")        // on a link: the event it explains
 	KeyLinkSpan        = attribute.Key("rdmagrpc.link.span_id")      // on an event: the span its link leads to
+
+	// The device and, on verbs, the path a connection's traffic takes.
+	KeyDevice       = attribute.Key("rdmagrpc.device")
+	KeyPort         = attribute.Key("rdmagrpc.port")
+	KeyGIDIndex     = attribute.Key("rdmagrpc.gid.index")
+	KeyGIDType      = attribute.Key("rdmagrpc.gid.type") // RoCE v2 | IB/RoCE v1
+	KeyPathMTU      = attribute.Key("rdmagrpc.path_mtu") // bytes
+	KeyTrafficClass = attribute.Key("rdmagrpc.traffic_class")
+	KeyServiceLevel = attribute.Key("rdmagrpc.service_level")
 )
 
 // Transport is the network.transport value of every rdmagrpc span.

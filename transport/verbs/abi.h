@@ -78,6 +78,7 @@ enum ibv_qp_attr_mask {
 	IBV_QP_STATE = 1 << 0,
 	IBV_QP_ACCESS_FLAGS = 1 << 3,
 	IBV_QP_AV = 1 << 7,
+	IBV_QP_PATH_MTU = 1 << 8,
 	IBV_QP_TIMEOUT = 1 << 9,
 	IBV_QP_RETRY_CNT = 1 << 10,
 	IBV_QP_RNR_RETRY = 1 << 11,

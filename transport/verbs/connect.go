@@ -96,7 +96,7 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 		return fmt.Errorf("verbs: connect %s: %v", addr, ev)
 	}
 	q.peerPrivate = ev.private
-	if err := q.moveTo(C.IBV_QPS_RTR); err != nil {
+	if err := q.toRTR(); err != nil {
 		return err
 	}
 	if err := q.moveTo(C.IBV_QPS_RTS); err != nil {

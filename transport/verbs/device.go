@@ -28,11 +28,12 @@ type device struct {
 	// handshake (outgoing reads in flight, incoming reads served).
 	initDepth, respRes uint8
 
-	cm    *cmChannel
-	qpEnv qpEnv        // the environment's overrides of the RC attributes
-	comp  *compChannel // shared by every CQ of the device
-	async *asyncReader
-	mem   memRegistry
+	cm      *cmChannel
+	qpEnv   qpEnv        // the environment's overrides of the RC attributes
+	allowed devList      // DevicesEnv: which devices and ports connections may use
+	comp    *compChannel // shared by every CQ of the device
+	async   *asyncReader
+	mem     memRegistry
 
 	// Several devices: ndev is how many rdma_cm listed at Open; the
 	// others are opened when a route goes through them (sibling) and
@@ -52,6 +53,9 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 		return nil, err
 	}
 	if d.qpEnv, err = readQPEnv(); err != nil {
+		return nil, err
+	}
+	if d.allowed, err = readDevList(); err != nil {
 		return nil, err
 	}
 	var a C.struct_shim_dev_attr

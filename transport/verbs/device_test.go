@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -497,4 +499,211 @@ func TestVerbsRCAttrsFromEnv(t *testing.T) {
 			t.Errorf("%s: timeout %d, retry %d, RNR retry %d; want 18, 5, 3", q.who, timeout, retry, rnr)
 		}
 	}
+}
+
+// sendOne sends a message from a to b and checks it arrives: the path the
+// QPs were programmed with carries traffic.
+func sendOne(t *testing.T, a, b *side) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := b.qp.PostRecv(transport.RecvWR{ID: 70, SG: b.sge(0, 64)}); err != nil {
+		t.Fatal(err)
+	}
+	copy(a.mem, "path")
+	if _, err := a.qp.PostSend(transport.SendWR{ID: 71, Opcode: transport.OpSend, SG: a.sge(0, 4), Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := a.next(ctx); wc.Err() != nil || wc.ID != 71 {
+		t.Fatalf("send: %+v (%v)", wc, wc.Err())
+	}
+	if wc := b.next(ctx); wc.Err() != nil || wc.ID != 70 || string(b.mem[:4]) != "path" {
+		t.Fatalf("receive: %+v (%v) %q", wc, wc.Err(), b.mem[:4])
+	}
+}
+
+// A connected QP reports its path: port, source GID with its RoCE
+// version, path MTU, traffic class; on rxe over a 1500-byte device, port
+// 1, a RoCE v2 GID and a 1024-byte MTU.
+func TestVerbsPath(t *testing.T) {
+	t.Setenv(TrafficClassEnv, "104")
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, []byte("path"), nil)
+	for _, q := range []struct {
+		who string
+		qp  transport.QP
+	}{{"dialer", cli.qp}, {"acceptor", srv.qp}} {
+		p, err := q.qp.(transport.PathQP).Path()
+		if err != nil {
+			t.Fatalf("%s: %v", q.who, err)
+		}
+		t.Logf("%s: %+v", q.who, p)
+		if p.Port != 1 || p.GIDType != "RoCE v2" || p.MTU < 1024 || (q.who == "dialer" && p.TrafficClass != 104) {
+			t.Errorf("%s: path %+v, want port 1, a RoCE v2 GID, MTU ≥ 1024, traffic class 104", q.who, p)
+		}
+	}
+}
+
+// The environment's service level and source GID index reach the address
+// vector of both ends, and the connection carries traffic with them; the
+// RoCE version preference picks the v2 entry of rdma_cm's address. Each
+// step opens its device anew: the environment is read at Open.
+func TestVerbsPathFromEnv(t *testing.T) {
+	var base transport.Path
+	t.Run("default", func(t *testing.T) {
+		d := openOrSkip(t)
+		cli, srv := pair(t, d, []byte("path"), nil)
+		var err error
+		if base, err = cli.qp.(transport.PathQP).Path(); err != nil {
+			t.Fatal(err)
+		}
+		sendOne(t, cli, srv)
+	})
+	if t.Failed() || base.Port == 0 {
+		return // skipped or failed: nothing to override
+	}
+	t.Run("SL and GID index", func(t *testing.T) {
+		t.Setenv(ServiceLevelEnv, "5")
+		t.Setenv(GIDIndexEnv, strconv.Itoa(base.GIDIndex))
+		d := openOrSkip(t)
+		cli, srv := pair(t, d, []byte("path"), nil)
+		for _, q := range []struct {
+			who string
+			qp  transport.QP
+		}{{"dialer", cli.qp}, {"acceptor", srv.qp}} {
+			p, err := q.qp.(transport.PathQP).Path()
+			if err != nil {
+				t.Fatalf("%s: %v", q.who, err)
+			}
+			t.Logf("%s with SL 5, GID index %d: %+v", q.who, base.GIDIndex, p)
+			if p.GIDIndex != base.GIDIndex {
+				t.Errorf("%s: path %+v, want GID index %d", q.who, p, base.GIDIndex)
+			}
+			// What modify_qp was given at RTR. A RoCE device maps the SL
+			// to a priority on the wire and may not report it back: rxe
+			// keeps none (its address vector has no SL field).
+			if sl := q.qp.(*qp).cfgC.sl; sl != 5 {
+				t.Errorf("%s: RTR service level %d, want 5", q.who, sl)
+			}
+			if p.ServiceLevel != 5 {
+				t.Logf("%s: the device reports service level %d (rxe does not keep one)", q.who, p.ServiceLevel)
+			}
+		}
+		sendOne(t, cli, srv)
+	})
+	t.Run("RoCE v2 preferred", func(t *testing.T) {
+		t.Setenv(RoCEVersionEnv, "2")
+		d := openOrSkip(t)
+		cli, srv := pair(t, d, []byte("path"), nil)
+		p, err := cli.qp.(transport.PathQP).Path()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.GIDType != "RoCE v2" {
+			t.Errorf("RoCE version 2 preferred: path %+v", p)
+		}
+		sendOne(t, cli, srv)
+	})
+}
+
+// On a real device (the Soft-RoCE guest): sysfs shows it with an ACTIVE
+// Ethernet port, the network device behind it with its MTU, and a RoCE v2
+// GID for the address the tests use, as rdmatrace doctor prints them.
+func TestSysfsShowsDevice(t *testing.T) {
+	d := openOrSkip(t)
+	ip, err := netip.ParseAddr(hostIP(t, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dev *DeviceInfo
+	devs := Sysfs("/sys")
+	for i := range devs {
+		if devs[i].Name == d.Name() {
+			dev = &devs[i]
+		}
+	}
+	if dev == nil {
+		t.Fatalf("device %s not in sysfs's %+v", d.Name(), devs)
+	}
+	if len(dev.Ports) == 0 {
+		t.Fatalf("%s: no ports", dev.Name)
+	}
+	p := dev.Ports[0]
+	if !strings.Contains(p.State, "ACTIVE") || p.LinkLayer != "Ethernet" {
+		t.Errorf("%s port %d: state %q link layer %q, want ACTIVE Ethernet (rxe)", dev.Name, p.Num, p.State, p.LinkLayer)
+	}
+	found := false
+	for _, g := range p.GIDs {
+		if g.Addr.Unmap() == ip && g.Type == "RoCE v2" {
+			found = true
+			if mtu := p.NetdevMTU[g.Netdev]; mtu < 1024 {
+				t.Errorf("GID %d's network device %q: MTU %d", g.Index, g.Netdev, mtu)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("%s port %d: no RoCE v2 GID for %v among %+v", dev.Name, p.Num, ip, p.GIDs)
+	}
+}
+
+// RDMAGRPC_VERBS_DEVICES: excluding every device leaves none to open,
+// with an error that names the setting; allowing only a port the route
+// does not take refuses the connection, saying why.
+func TestVerbsDevicesEnv(t *testing.T) {
+	names := Devices()
+	if len(names) == 0 {
+		t.Skip("no RDMA device (run inside the tests/rxe guest)")
+	}
+	t.Run("all excluded", func(t *testing.T) {
+		t.Setenv(DevicesEnv, "^"+strings.Join(names, ","))
+		p, err := transport.Get(Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := p.Open("")
+		if err == nil {
+			d.Close()
+			t.Fatalf("Open with every device excluded succeeded")
+		}
+		if !strings.Contains(err.Error(), DevicesEnv) || !errors.Is(err, transport.ErrUnusable) {
+			t.Fatalf("Open with every device excluded: %v", err)
+		}
+		t.Log(err)
+	})
+	t.Run("port not allowed", func(t *testing.T) {
+		t.Setenv(DevicesEnv, names[0]+":2") // rxe has port 1 only
+		d := openOrSkip(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cli, srv := newSide(t, d, transport.AccessLocalWrite), newSide(t, d, transport.AccessLocalWrite)
+		l, err := d.Listen(net.JoinHostPort(hostIP(t, d), "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		accepted := make(chan error, 1)
+		go func() {
+			req, err := l.Accept(ctx)
+			if err != nil {
+				accepted <- err
+				return
+			}
+			qp, err := req.Accept(ctx, srv.cfg(), nil)
+			if err == nil {
+				qp.Close()
+			}
+			accepted <- err
+		}()
+		qp, err := d.Connect(ctx, l.Addr().String(), cli.cfg(), nil)
+		if err == nil {
+			qp.Close()
+			t.Fatal("Connect through a port the setting does not allow succeeded")
+		}
+		t.Logf("dialer: %v", err)
+		aerr := <-accepted
+		t.Logf("acceptor: %v", aerr)
+		if aerr == nil || !strings.Contains(aerr.Error(), "does not allow") || !strings.Contains(aerr.Error(), DevicesEnv) {
+			t.Errorf("acceptor's error %v, want one naming %s", aerr, DevicesEnv)
+		}
+	})
 }

@@ -50,7 +50,7 @@ func newListener(d *device, addr string) (*listener, error) {
 	if rc := C.shim_bind_listen(id, &sa, backlog); rc != 0 {
 		d.cm.unregister(h)
 		C.shim_rdma_destroy_id(id)
-		return nil, fmt.Errorf("verbs: listen %s: %w", addr, opErr("rdma_bind_addr/rdma_listen", rc))
+		return nil, fmt.Errorf("verbs: listen %s: %w%s", addr, opErr("rdma_bind_addr/rdma_listen", rc), gidHint(sysfsRoot, ap.Addr()))
 	}
 	var a C.struct_shim_addr
 	C.shim_local_addr(id, &a)
@@ -207,7 +207,7 @@ func (q *qp) passiveSetup(ctx context.Context, cfg transport.QPConfig, private [
 	}
 	// Ready to receive before the peer learns our QP number, and to send
 	// before it sees ESTABLISHED (it may send at once).
-	if err := q.moveTo(C.IBV_QPS_RTR); err != nil {
+	if err := q.toRTR(); err != nil {
 		return err
 	}
 	if err := q.moveTo(C.IBV_QPS_RTS); err != nil {

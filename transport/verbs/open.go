@@ -17,13 +17,18 @@ func open(name string) (transport.Device, error) {
 	if list == nil {
 		return nil, unusable("rdma_cm cannot list devices (%v); kernel RDMA devices: %v", errnoNow(err), deviceNames())
 	}
+	allowed, err := readDevList()
+	if err != nil {
+		C.shim_rdma_free_devices(list)
+		return nil, err
+	}
 	ctxs := unsafe.Slice(list, int(n))
 	var names []string
 	var ctx *C.struct_ibv_context
 	for _, c := range ctxs {
 		dn := C.GoString(C.shim_dev_name(c))
 		names = append(names, dn)
-		if ctx == nil && (name == "" || dn == name) {
+		if ctx == nil && (name == "" || dn == name) && allowed.allows(dn, 0) {
 			ctx = c
 		}
 	}
@@ -33,7 +38,10 @@ func open(name string) (transport.Device, error) {
 			return nil, unusable("libibverbs found no usable device among kernel devices %v "+
 				"(is the userspace provider driver installed, e.g. librxe-rdmav*.so from ibverbs-providers?)", deviceNames())
 		}
-		return nil, unusable("no RDMA device %q (have %v)", name, names)
+		if name == "" {
+			return nil, unusable("no RDMA device allowed by %s=%s (have %v)", DevicesEnv, allowed, names)
+		}
+		return nil, unusable("no RDMA device %q allowed by %s=%s (have %v)", name, DevicesEnv, allowed, names)
 	}
 	d, err := newDevice(ctx, list, len(ctxs))
 	if err != nil {

@@ -111,6 +111,7 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		max_inline: C.uint32_t(a.maxInline),
 		timeout:    C.uint8_t(a.timeout), retry_cnt: C.uint8_t(a.retryCnt),
 		rnr_retry: C.uint8_t(a.rnrRetry), min_rnr_timer: C.uint8_t(a.minRNRTimer),
+		sl: -1, sgid_index: -1,
 	}
 	p.mu.Lock()
 	closed := p.closed
@@ -141,6 +142,72 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		return fmt.Errorf("verbs: QP %d: initial receives: %d of %d posted: %w", q.num, n, len(cfg.InitialRecvs), err)
 	}
 	return nil
+}
+
+// toRTR moves the QP to RTR with the environment's path overrides: the
+// service level, and the source GID (an index, or the entry of the
+// preferred RoCE version for the address rdma_cm chose).
+func (q *qp) toRTR() error {
+	e := q.dev.qpEnv
+	if e.sl >= 0 {
+		q.cfgC.sl = C.int16_t(e.sl)
+	}
+	var p C.struct_shim_path
+	if e.gidIndex < 0 && e.roce > 0 || len(q.dev.allowed.entries) > 0 {
+		if rc := C.shim_cm_path(q.id, &p); rc != 0 {
+			return fmt.Errorf("verbs: QP %d: %w", q.num, opErr("rdma_init_qp_attr", rc))
+		}
+		if !q.dev.allowed.allows(q.dev.name, int(p.port)) {
+			return fmt.Errorf("verbs: the route to %v goes through port %d of %s, which %s=%s does not allow (rdma_cm routes by address: use an address of an allowed device)",
+				q.remoteAddrOrNil(), p.port, q.dev.name, DevicesEnv, q.dev.allowed)
+		}
+	}
+	switch {
+	case e.gidIndex >= 0:
+		q.cfgC.sgid_index = C.int16_t(e.gidIndex)
+	case e.roce > 0:
+		idx, err := gidOfVersion(sysfsRoot, q.dev.name, int(p.port), int(p.sgid_index), e.roce)
+		if err != nil {
+			return err
+		}
+		q.cfgC.sgid_index = C.int16_t(idx)
+	}
+	return q.moveTo(C.IBV_QPS_RTR)
+}
+
+// remoteAddrOrNil is the peer's address as rdma_cm has it, before the
+// connection is established.
+func (q *qp) remoteAddrOrNil() net.Addr {
+	var a C.struct_shim_addr
+	C.shim_peer_addr(q.id, &a)
+	return fromShimAddr(&a)
+}
+
+// Path implements transport.PathQP: the path the QP was programmed with.
+func (q *qp) Path() (transport.Path, error) {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.closed {
+		return transport.Path{}, fmt.Errorf("verbs: Path of closed QP: %w", transport.ErrQPState)
+	}
+	var p C.struct_shim_path
+	if rc := C.shim_qp_path(q.qp, &p); rc != 0 {
+		return transport.Path{}, fmt.Errorf("verbs: QP %d: %w", q.num, opErr("ibv_query_qp", rc))
+	}
+	path := transport.Path{
+		Port: int(p.port), GIDIndex: int(p.sgid_index), TrafficClass: int(p.traffic_class),
+		ServiceLevel: int(p.sl), MTU: mtuBytes(int(p.path_mtu)),
+	}
+	path.GIDType = gidType(sysfsRoot, q.dev.name, path.Port, path.GIDIndex)
+	return path, nil
+}
+
+// mtuBytes decodes enum ibv_mtu (1 = 256 ... 5 = 4096); 0 if unknown.
+func mtuBytes(m int) int {
+	if m < 1 || m > 5 {
+		return 0
+	}
+	return 128 << m
 }
 
 func (q *qp) moveTo(state C.int) error {

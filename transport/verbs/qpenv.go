@@ -21,25 +21,41 @@ const (
 	// RNRRetryEnv: receiver-not-ready retries (0–7, 7 meaning forever;
 	// default 6).
 	RNRRetryEnv = "RDMAGRPC_VERBS_RNR_RETRY"
+	// ServiceLevelEnv: the service level of the address vector (0–15;
+	// default: rdma_cm's, from the path record on InfiniBand, 0 on
+	// RoCE, where drivers map it to the 802.1p priority), as NCCL_IB_SL.
+	ServiceLevelEnv = "RDMAGRPC_VERBS_SL"
+	// GIDIndexEnv: the source GID index (0–255; default: the one
+	// rdma_cm picks for the address), as NCCL_IB_GID_INDEX. Both ends of
+	// a connection must use GIDs of the same RoCE version.
+	GIDIndexEnv = "RDMAGRPC_VERBS_GID_INDEX"
+	// RoCEVersionEnv: 1 or 2, the RoCE version of the source GID: the
+	// GID of the address rdma_cm picked, in the table entry of that
+	// version (default: rdma_cm's, which follows the kernel's
+	// default_roce_mode, normally v2). GIDIndexEnv wins over it.
+	RoCEVersionEnv = "RDMAGRPC_VERBS_ROCE_VERSION"
 )
 
 // qpEnv holds the overrides; -1: unset.
-type qpEnv struct{ timeout, retry, rnr int }
+type qpEnv struct{ timeout, retry, rnr, sl, gidIndex, roce int }
 
 func readQPEnv() (qpEnv, error) {
-	e := qpEnv{-1, -1, -1}
+	e := qpEnv{-1, -1, -1, -1, -1, -1}
 	for _, x := range []struct {
-		name string
-		max  uint64
-		dst  *int
-	}{{TimeoutEnv, 31, &e.timeout}, {RetryCountEnv, 7, &e.retry}, {RNRRetryEnv, 7, &e.rnr}} {
+		name     string
+		min, max uint64
+		dst      *int
+	}{
+		{TimeoutEnv, 0, 31, &e.timeout}, {RetryCountEnv, 0, 7, &e.retry}, {RNRRetryEnv, 0, 7, &e.rnr},
+		{ServiceLevelEnv, 0, 15, &e.sl}, {GIDIndexEnv, 0, 255, &e.gidIndex}, {RoCEVersionEnv, 1, 2, &e.roce},
+	} {
 		v, ok := os.LookupEnv(x.name)
 		if !ok || strings.TrimSpace(v) == "" {
 			continue
 		}
 		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 8)
-		if err != nil || n > x.max {
-			return e, unusable("%s=%q: want a number from 0 to %d", x.name, v, x.max)
+		if err != nil || n < x.min || n > x.max {
+			return e, unusable("%s=%q: want a number from %d to %d", x.name, v, x.min, x.max)
 		}
 		*x.dst = int(n)
 	}

@@ -371,6 +371,10 @@ int shim_qp_to(struct rdma_cm_id *id, struct ibv_qp *qp, int state, const struct
 	case IBV_QPS_RTR:
 		attr.min_rnr_timer = cfg->min_rnr_timer;
 		mask |= IBV_QP_MIN_RNR_TIMER;
+		if (cfg->sl >= 0)
+			attr.ah_attr.sl = (uint8_t)cfg->sl;
+		if (cfg->sgid_index >= 0)
+			attr.ah_attr.grh.sgid_index = (uint8_t)cfg->sgid_index;
 		break;
 	case IBV_QPS_RTS:
 		attr.timeout = cfg->timeout;
@@ -640,6 +644,40 @@ int shim_qp_traffic_class(struct ibv_qp *qp)
 	if (shim_lib.ibv_query_qp(qp, &attr, IBV_QP_AV, &init))
 		return -1;
 	return attr.ah_attr.grh.traffic_class;
+}
+
+static void shim_path_of(const struct ibv_qp_attr *attr, struct shim_path *out)
+{
+	out->port = attr->ah_attr.port_num;
+	out->sgid_index = attr->ah_attr.grh.sgid_index;
+	out->traffic_class = attr->ah_attr.grh.traffic_class;
+	out->sl = attr->ah_attr.sl;
+	out->path_mtu = attr->path_mtu;
+}
+
+int shim_qp_path(struct ibv_qp *qp, struct shim_path *out)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+
+	memset(&attr, 0, sizeof(attr));
+	if (shim_lib.ibv_query_qp(qp, &attr, IBV_QP_AV | IBV_QP_PATH_MTU, &init))
+		return errno ? errno : EIO;
+	shim_path_of(&attr, out);
+	return 0;
+}
+
+int shim_cm_path(struct rdma_cm_id *id, struct shim_path *out)
+{
+	struct ibv_qp_attr attr;
+	int mask = 0;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTR;
+	if (shim_lib.rdma_init_qp_attr(id, &attr, &mask))
+		return errno ? errno : EIO;
+	shim_path_of(&attr, out);
+	return 0;
 }
 
 int shim_qp_rc_attrs(struct ibv_qp *qp, int *timeout, int *retry, int *rnr)

@@ -125,6 +125,9 @@ struct ibv_context *shim_route_verbs(const struct shim_addr *dst, int timeout_ms
 struct shim_qp_cfg {
 	uint32_t max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline;
 	uint8_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
+	// At RTR, when not -1: the address vector's service level and
+	// source GID index instead of rdma_cm's.
+	int16_t sl, sgid_index;
 };
 struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
 			      const struct shim_qp_cfg *cfg, struct shim_qp_cfg *actual);
@@ -199,6 +202,17 @@ int shim_set_tos(struct rdma_cm_id *id, uint8_t tos);
 // shim_qp_traffic_class is the GRH traffic class of qp's address vector
 // (ibv_query_qp), or -1.
 int shim_qp_traffic_class(struct ibv_qp *qp);
+
+// shim_path is the path of a connected QP's address vector.
+struct shim_path {
+	uint8_t port, sgid_index, traffic_class, sl;
+	int path_mtu; // enum ibv_mtu: 1 = 256 ... 5 = 4096
+};
+// shim_qp_path reads qp's path (ibv_query_qp).
+int shim_qp_path(struct ibv_qp *qp, struct shim_path *out);
+// shim_cm_path is the path rdma_cm would program at RTR for id, without
+// programming it.
+int shim_cm_path(struct rdma_cm_id *id, struct shim_path *out);
 // shim_qp_rc_attrs reads qp's local ACK timeout, retry count and RNR
 // retry (ibv_query_qp); 0 on success.
 int shim_qp_rc_attrs(struct ibv_qp *qp, int *timeout, int *retry, int *rnr);

@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -115,4 +116,84 @@ func readLine(dir, name string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// gidType is the type of GID index of a device's port ("RoCE v2",
+// "IB/RoCE v1"), "" where sysfs does not say (InfiniBand has no types).
+func gidType(sysfs, dev string, port, index int) string {
+	dir := filepath.Join(sysfs, "class", "infiniband", dev, "ports", strconv.Itoa(port), "gid_attrs", "types")
+	return readLine(dir, strconv.Itoa(index))
+}
+
+// gidOfVersion is the index of the GID with the address of GID index of
+// the device's port, in the entry of RoCE version v (1 or 2).
+func gidOfVersion(sysfs, dev string, port, index, v int) (int, error) {
+	want := "RoCE v2"
+	if v == 1 {
+		want = "IB/RoCE v1"
+	}
+	p := readPort(filepath.Join(sysfs, "class", "infiniband", dev, "ports", strconv.Itoa(port)), port, sysfs)
+	var addr netip.Addr
+	for _, g := range p.GIDs {
+		if g.Index == index {
+			addr = g.Addr
+		}
+	}
+	if !addr.IsValid() {
+		return 0, unusable("%s=%d: GID %d of %s port %d is not in %s", RoCEVersionEnv, v, index, dev, port, sysfs)
+	}
+	var have []string
+	for _, g := range p.GIDs {
+		if g.Addr == addr {
+			if g.Type == want {
+				return g.Index, nil
+			}
+			have = append(have, fmt.Sprintf("%d (%s)", g.Index, g.Type))
+		}
+	}
+	return 0, unusable("%s=%d: %s port %d has no %s GID for %v (its GIDs for that address: %s)",
+		RoCEVersionEnv, v, dev, port, want, addr.Unmap(), strings.Join(have, ", "))
+}
+
+// gidHint explains a failure to bind or route a for RDMA when sysfs shows
+// why: no port has a GID for a (the address is not on the network device
+// of an RDMA port), or only a RoCE v1 one, or its port is not ACTIVE. ""
+// when a is a wildcard or sysfs says nothing wrong.
+func gidHint(sysfs string, a netip.Addr) string {
+	if !a.IsValid() || a.IsUnspecified() {
+		return ""
+	}
+	a = a.Unmap()
+	var all []string
+	for _, d := range Sysfs(sysfs) {
+		for _, p := range d.Ports {
+			for _, g := range p.GIDs {
+				all = append(all, fmt.Sprintf("%s/%d: %v", d.Name, p.Num, g.Addr.Unmap()))
+				if g.Addr.Unmap() != a {
+					continue
+				}
+				if p.State != "" && !strings.Contains(p.State, "ACTIVE") {
+					return fmt.Sprintf(" (%v is on port %d of %s, which is %s, not ACTIVE)", a, p.Num, d.Name, p.State)
+				}
+				if g.Type == "RoCE v2" || g.Type == "" {
+					return ""
+				}
+			}
+		}
+	}
+	slices.Sort(all)
+	all = slices.Compact(all)
+	for _, d := range Sysfs(sysfs) {
+		for _, p := range d.Ports {
+			for _, g := range p.GIDs {
+				if g.Addr.Unmap() == a {
+					return fmt.Sprintf(" (%v has only a %s GID on %s port %d, no RoCE v2 one: check the kernel's default_roce_mode and the peer's)", a, g.Type, d.Name, p.Num)
+				}
+			}
+		}
+	}
+	if len(all) == 0 {
+		return " (no RDMA port has any GID: is the network device of the RDMA port up with an address?)"
+	}
+	return fmt.Sprintf(" (no RDMA port has a GID for %v: the address must be on the network device of an RDMA port; the ports' GIDs: %s)", a, strings.Join(all, ", "))
 }

@@ -37,8 +37,11 @@ func TestReadQPEnv(t *testing.T) {
 	t.Setenv(TimeoutEnv, "20")
 	t.Setenv(RetryCountEnv, "")
 	t.Setenv(RNRRetryEnv, "7")
+	t.Setenv(ServiceLevelEnv, "3")
+	t.Setenv(GIDIndexEnv, "")
+	t.Setenv(RoCEVersionEnv, "2")
 	e, err := readQPEnv()
-	if err != nil || e != (qpEnv{20, -1, 7}) {
+	if err != nil || e != (qpEnv{timeout: 20, retry: -1, rnr: 7, sl: 3, gidIndex: -1, roce: 2}) {
 		t.Fatalf("readQPEnv: %+v, %v", e, err)
 	}
 	a := qpAttrs{timeout: 14, retryCnt: 7, rnrRetry: 6}
@@ -46,10 +49,13 @@ func TestReadQPEnv(t *testing.T) {
 	if a.timeout != 20 || a.retryCnt != 7 || a.rnrRetry != 7 {
 		t.Fatalf("applied: %+v", a)
 	}
-	for _, bad := range []struct{ name, v string }{{TimeoutEnv, "32"}, {RetryCountEnv, "8"}, {RNRRetryEnv, "-1"}, {TimeoutEnv, "fast"}} {
-		t.Setenv(TimeoutEnv, "")
-		t.Setenv(RetryCountEnv, "")
-		t.Setenv(RNRRetryEnv, "")
+	for _, bad := range []struct{ name, v string }{
+		{TimeoutEnv, "32"}, {RetryCountEnv, "8"}, {RNRRetryEnv, "-1"}, {TimeoutEnv, "fast"},
+		{ServiceLevelEnv, "16"}, {GIDIndexEnv, "256"}, {RoCEVersionEnv, "3"}, {RoCEVersionEnv, "0"},
+	} {
+		for _, name := range []string{TimeoutEnv, RetryCountEnv, RNRRetryEnv, ServiceLevelEnv, GIDIndexEnv, RoCEVersionEnv} {
+			t.Setenv(name, "")
+		}
 		t.Setenv(bad.name, bad.v)
 		if _, err := readQPEnv(); err == nil || !strings.Contains(err.Error(), bad.name) {
 			t.Errorf("%s=%q: %v, want an error naming it", bad.name, bad.v, err)
