@@ -43,6 +43,12 @@ type rxRing struct {
 	// takes nothing more and returns no credits, and goes once drained.
 	retiring  bool
 	retiredAt time.Time
+	// stamp: a large ring, whose last landing is noted for the shrink
+	// under pressure (pressure.go); askedAt: when its writer was last
+	// asked to shrink.
+	stamp       bool
+	askedAt     time.Time
+	lastLanding time.Time
 }
 
 func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {
@@ -56,6 +62,9 @@ func (r *rxRing) land() (slot int, ok bool) {
 		return 0, false
 	}
 	slot = int(r.arrived % uint64(r.count))
+	if r.stamp {
+		r.lastLanding = time.Now()
+	}
 	r.arrived++
 	return slot, true
 }
@@ -764,6 +773,7 @@ func (c *Conn) teardown(deadline time.Time) {
 // release frees what newConn, start, the enlargements and the
 // rendezvous transfers created.
 func (c *Conn) release() {
+	c.holdingLarge(false)
 	if c.opened.Load() {
 		enlargementMarker(c.id, 0, 0, 0, outcomeClosed)
 		c.untrack()

@@ -77,11 +77,16 @@ type enlargement struct {
 	shrinkTimer    *time.Timer
 	backoff        time.Duration // after the last failure (0: none in a row)
 	retryAt        time.Time     // a failed direction asks again from then on
+	pressure       bool          // the peer asked us to shrink (pressure.go)
+	pressureUntil  time.Time     // when that ask lapses
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	answered  uint32 // the newest request answered
 	serving   bool   // the enlargement server goroutine runs
 	rxRefused error
+	// peerTakesAsks: the peer's request said it shrinks when asked
+	// (pressure.go).
+	peerTakesAsks bool
 }
 
 //go:noinline
@@ -117,7 +122,7 @@ func (c *Conn) enlarge() error {
 	for attempt := 0; attempt <= c.o.ackRetries && c.enl.ack == nil && !c.enl.refused; attempt++ {
 		c.enl.reqSeq++
 		c.enl.attempts++
-		req := record{typ: recRequest, seq: c.enl.reqSeq, size: uint32(c.o.largeSize), count: uint32(c.o.largeCount)}
+		req := record{typ: recRequest, seq: c.enl.reqSeq, size: uint32(c.o.largeSize), count: uint32(c.o.largeCount), addr2: reqTakesShrinkAsks}
 		if err := c.sendRecordLocked(req, c.wdl, true); err != nil {
 			return err
 		}
@@ -268,6 +273,7 @@ func (c *Conn) recordLocked(r record) error {
 	switch r.typ {
 	case recRequest:
 		c.enl.reqIn = r.seq
+		c.enl.peerTakesAsks = r.addr2&reqTakesShrinkAsks != 0
 		// Once Close set closed it waits on c.wg: a server started
 		// after that would outlive the connection's memory.
 		if !c.enl.serving && !c.closed {
@@ -292,6 +298,8 @@ func (c *Conn) recordLocked(r record) error {
 		} else {
 			c.enl.refused = true
 		}
+	case recShrinkAsk:
+		c.shrinkAskedLocked()
 	case recAdvert:
 		return c.advertLocked(r)
 	case recRead:
@@ -347,7 +355,15 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 			}
 			start := time.Now()
 			c.mu.Unlock()
-			buf, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+			get := func() (*bufpool.Buffer, error) {
+				return c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+			}
+			buf, err := get()
+			if isBudgetErr(err) && askShrinks(c, c.pool.Budget(), int64(c.o.largeSize*c.o.largeCount)) > 0 {
+				// Within half the writer's ack time-out, as for a
+				// draining ring above.
+				buf, err = c.awaitRoom(get, start.Add(c.o.ackTimeout/2))
+			}
 			tel.Registration(time.Since(start))
 			c.mu.Lock()
 			if c.closed {
@@ -365,6 +381,8 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 				c.st.EnlargeRefusals++
 			} else {
 				*rx = newRxRing(buf, c.o.largeSize, c.o.largeCount)
+				rx.stamp, rx.lastLanding = true, time.Now()
+				c.holdingLarge(true)
 				c.st.EnlargementsServed++
 			}
 			enlargementMarker(c.id, uint32(c.rx[small].size), uint32(c.o.largeSize), time.Since(start).Nanoseconds(), uint32(outcome))

@@ -36,7 +36,7 @@ import (
 
 // armShrinkLocked (re)arms the shrink timer of an enlarged direction.
 func (c *Conn) armShrinkLocked() {
-	d := c.o.idleShrink
+	d := c.shrinkAfter()
 	if d <= 0 || !c.enl.peerKeepsSmall || c.closed {
 		return
 	}
@@ -70,9 +70,9 @@ func (c *Conn) shrinkIfIdle() {
 	if w := time.Unix(0, c.lastWrite.Load()); w.After(c.enl.lastLarge) {
 		c.enl.lastLarge = w
 	}
-	if idle := time.Since(c.enl.lastLarge); idle < c.o.idleShrink || t.done != t.seq {
+	if idle := time.Since(c.enl.lastLarge); idle < c.shrinkAfter() || t.done != t.seq {
 		if t.done != t.seq { // completions still to come: look again soon
-			c.enl.lastLarge = time.Now().Add(-c.o.idleShrink + 10*time.Millisecond)
+			c.enl.lastLarge = time.Now().Add(-c.shrinkAfter() + 10*time.Millisecond)
 		}
 		c.armShrinkLocked()
 		return
@@ -117,25 +117,31 @@ func (c *Conn) shrinkLocked() error {
 	c.pool.Trim() // rendezvous sources kept for reuse: idle now too
 	d := time.Since(start)
 	c.st.Shrinks++
+	reason := telemetry.ReasonIdle
+	if c.enl.pressure {
+		c.enl.pressure = false
+		c.st.PressureShrinks++
+		reason = telemetry.ReasonPressure
+	}
 	c.st.LastShrinkDuration = d
 	c.broadcastLocked()
 	enlargementMarker(c.id, uint32(from), uint32(to), d.Nanoseconds(), outcomeShrunk)
-	c.shrinkTelemetryLocked(telemetry.Sender, start, d, from, to)
+	c.shrinkTelemetryLocked(telemetry.Sender, reason, start, d, from, to)
 	return nil
 }
 
 // shrinkTelemetryLocked: the span (linked to the RPCs in flight), the
 // metric, and the event on those RPCs' spans (linked to the span).
-func (c *Conn) shrinkTelemetryLocked(side string, start time.Time, d time.Duration, from, to int) {
+func (c *Conn) shrinkTelemetryLocked(side, reason string, start time.Time, d time.Duration, from, to int) {
 	var links []trace.Link
 	inflight := c.rpcsInFlight()
 	if inflight {
 		links = c.rpcLinks()
 	}
-	sc := c.tel.Shrunk(side, telemetry.ReasonIdle, start, d, from, to, links)
+	sc := c.tel.Shrunk(side, reason, start, d, from, to, links)
 	if inflight {
 		c.rpcEvent(telemetry.EventRPCShrink, start.Add(d), sc,
-			telemetry.KeySide.String(side), telemetry.KeyShrinkReason.String(telemetry.ReasonIdle),
+			telemetry.KeySide.String(side), telemetry.KeyShrinkReason.String(reason),
 			telemetry.KeyFromSize.Int(from), telemetry.KeyToSize.Int(to))
 	}
 }
@@ -180,14 +186,19 @@ func (c *Conn) maybeDropLargeLocked() {
 		return
 	}
 	from := r.size
+	reason := telemetry.ReasonIdle
+	if !r.askedAt.IsZero() {
+		reason = telemetry.ReasonPressure
+	}
 	if err := r.buf.Discard(); err != nil {
 		c.st.ShrinkDiscardErrors++
 	}
 	d := time.Since(r.retiredAt)
 	*r = rxRing{}
+	c.holdingLarge(false)
 	c.pool.Trim() // rendezvous destinations kept for reuse
 	c.st.ShrinksServed++
 	c.broadcastLocked()
 	enlargementMarker(c.id, uint32(from), uint32(c.rx[small].size), d.Nanoseconds(), outcomeShrinkServed)
-	c.shrinkTelemetryLocked(telemetry.Receiver, time.Now().Add(-d), d, from, c.rx[small].size)
+	c.shrinkTelemetryLocked(telemetry.Receiver, reason, time.Now().Add(-d), d, from, c.rx[small].size)
 }

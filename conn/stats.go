@@ -46,11 +46,16 @@ type Stats struct {
 	// ShrinkDiscardErrors: large buffers a shrink gave back that could
 	// not be deregistered (the pool keeps and reports them at Close).
 	ShrinkDiscardErrors int
-	SmallFreed          bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
-	FreeSmallErrors     int
-	BadRecords          int // torn or corrupt control records ignored
-	StaleRecords        int // answers to requests given up on
-	CreditStalls        uint64
+	// PressureShrinks: shrinks of our sending direction the peer asked
+	// for, its budget short; ShrinkAsks: asks we sent our peer, ours
+	// short (reclaim under pressure).
+	PressureShrinks int
+	ShrinkAsks      int
+	SmallFreed      bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
+	FreeSmallErrors int
+	BadRecords      int // torn or corrupt control records ignored
+	StaleRecords    int // answers to requests given up on
+	CreditStalls    uint64
 	// M5: messages sent by rendezvous (adverts), received, and chunks
 	// that went through the rings because no memory could be registered.
 	Rendezvous             uint64

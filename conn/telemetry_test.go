@@ -260,9 +260,14 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 			t.Fatalf("no %s connection span", x.role)
 		}
 		lh, lp := hostPort(t, x.c.LocalAddr())
-		checkAttrs(t, x.role+" connection", s.Attributes(), with(peerAttrs(t, x.c),
+		wantAttrs := with(peerAttrs(t, x.c),
 			"rdmagrpc.connection.role", x.role, "rdmagrpc.provider", x.c.provider, "rdmagrpc.provider.reason", x.c.o.providerWhy,
-			"network.local.address", lh, "network.local.port", lp))
+			"network.local.address", lh, "network.local.port", lp, "rdmagrpc.device", x.c.device)
+		if p := x.c.path; p.Port != 0 { // verbs: the path too
+			wantAttrs = with(wantAttrs, "rdmagrpc.port", int64(p.Port), "rdmagrpc.gid.index", int64(p.GIDIndex), "rdmagrpc.gid.type", p.GIDType,
+				"rdmagrpc.path_mtu", int64(p.MTU), "rdmagrpc.traffic_class", int64(p.TrafficClass), "rdmagrpc.service_level", int64(p.ServiceLevel))
+		}
+		checkAttrs(t, x.role+" connection", s.Attributes(), wantAttrs)
 		if s.Status().Code != codes.Unset || s.SpanKind().String() != "internal" || s.Parent().IsValid() {
 			t.Errorf("%s connection span: status %v, kind %v, parent %v; want unset, internal, a root", x.role, s.Status(), s.SpanKind(), s.Parent())
 		}

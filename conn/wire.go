@@ -111,6 +111,10 @@ const (
 	recAdvert  = 4 // M5: a message waits in the holder's registered memory
 	recRead    = 5 // M5: please write this part of it into my memory
 	recShrink  = 6 // the last message into your large ring: drop it once read
+	// recShrinkAsk: my budget is short, shrink your large direction when
+	// idle (pressure.go); sent only to peers whose request said they
+	// take it.
+	recShrinkAsk = 7
 
 	recordLen = 4 + 1 + 4 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 4
 )
@@ -186,7 +190,7 @@ func decodeRecord(b []byte) (record, error) {
 		if err := checkRing(r.size, r.count); err != nil {
 			return r, fmt.Errorf("%w: %v", errBadRecord, err)
 		}
-	case recRefuse, recShrink:
+	case recRefuse, recShrink, recShrinkAsk:
 	case recAdvert, recRead:
 		if r.size == 0 {
 			return r, fmt.Errorf("%w: %s of 0 bytes", errBadRecord, recordNames[r.typ])
@@ -197,7 +201,7 @@ func decodeRecord(b []byte) (record, error) {
 	return r, nil
 }
 
-var recordNames = [...]string{"", "enlargement request", "enlargement ack", "enlargement refusal", "rendezvous advert", "read request", "shrink"}
+var recordNames = [...]string{"", "enlargement request", "enlargement ack", "enlargement refusal", "rendezvous advert", "read request", "shrink", "shrink ask"}
 
 // ackKeepsSmall, in an ack's addr2: the acknowledging side keeps its
 // small ring, so the writer may shrink back to it later (shrink.go).

@@ -128,7 +128,8 @@ const (
 	Receiver = "receiver"
 
 	// Reasons of a shrink.
-	ReasonIdle = "idle"
+	ReasonIdle     = "idle"
+	ReasonPressure = "pressure" // the peer's budget was short (its ask)
 )
 
 // Outcome is the rdmagrpc.enlargement.outcome of an enlargement.
