@@ -49,6 +49,9 @@ type rxRing struct {
 	stamp       bool
 	askedAt     time.Time
 	lastLanding time.Time
+	// climb: the writer retired this ring to ask for a deeper one (the
+	// ladder), not to shrink.
+	climb bool
 }
 
 func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {
@@ -199,7 +202,8 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	// The last staging slot holds control records; data uses the others.
 	c.tx[small] = txRing{stage: stage, stageSize: o.slotSize, stageSlots: o.slotCount - 1}
-	if want := max(o.slotSize, o.largeSize); dev.Attr().MaxInline >= want {
+	maxSize, maxCount := o.maxLarge()
+	if want := max(o.slotSize, maxSize); dev.Attr().MaxInline >= want {
 		c.inlineMax = want
 	}
 	recvs := c.recvDepth()
@@ -208,7 +212,7 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
-		MaxSendWR: max(o.slotCount, o.largeCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
+		MaxSendWR: max(o.slotCount, maxCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
 		MaxInline:  c.inlineMax,
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
@@ -227,7 +231,10 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 // receive; data and records are bounded by the credits of both rings,
 // zero-length messages by one credit message and one EOF in flight, the
 // ends of rendezvous transfers by our one read request.
-func (c *Conn) recvDepth() int { return c.o.slotCount + c.o.largeCount + 5 }
+func (c *Conn) recvDepth() int {
+	_, maxCount := c.o.maxLarge()
+	return c.o.slotCount + maxCount + 5
+}
 
 func (c *Conn) hello() hello {
 	r := c.rx[small]
@@ -445,7 +452,11 @@ func (c *Conn) writeElem(b []byte) (int, error) {
 	if c.o.rdvThreshold > 0 && len(b) > c.o.rdvThreshold {
 		return c.writeRendezvous(b)
 	}
-	if len(b) > c.o.threshold {
+	climbed, err := c.climb()
+	if err != nil {
+		return 0, c.opErr("write", err)
+	}
+	if climbed || len(b) > c.o.threshold {
 		if err := c.enlarge(); err != nil {
 			return 0, c.opErr("write", err)
 		}
@@ -483,6 +494,9 @@ func (c *Conn) write(b []byte) (int, error) {
 			if stalled.IsZero() {
 				stalled = time.Now()
 				c.st.CreditStalls++
+				if c.sending == large {
+					c.enl.stalls++ // the ladder's signal (climb)
+				}
 				c.tel.CreditStall()
 			}
 			c.waitLocked(ch, c.wdl)

@@ -78,15 +78,24 @@ type enlargement struct {
 	backoff        time.Duration // after the last failure (0: none in a row)
 	retryAt        time.Time     // a failed direction asks again from then on
 	pressure       bool          // the peer asked us to shrink (pressure.go)
-	pressureUntil  time.Time     // when that ask lapses
+	// The ladder (WithBufferPhases): level is the large phase asked for
+	// next, and held once enlarged (0: the first); stalls are the credit
+	// stalls in it; capped: the peer gave less than asked, so climbing
+	// further is no use; climbing: the shrink under way is a step up.
+	level         int
+	stalls        int
+	capped        bool
+	climbing      bool
+	pressureUntil time.Time // when that ask lapses
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	answered  uint32 // the newest request answered
 	serving   bool   // the enlargement server goroutine runs
 	rxRefused error
 	// peerTakesAsks: the peer's request said it shrinks when asked
-	// (pressure.go).
-	peerTakesAsks bool
+	// (pressure.go); reqSize, reqCount: the ring its request asked for.
+	peerTakesAsks     bool
+	reqSize, reqCount int
 }
 
 //go:noinline
@@ -114,7 +123,8 @@ func (c *Conn) enlarge() error {
 	from := uint32(c.tx[small].size)
 	c.enl.waiting = true
 	defer func() { c.enl.waiting = false }()
-	c.enl.tel = c.tel.StartEnlargement(telemetry.Sender, start, int(from), c.o.largeSize, c.o.largeCount)
+	want := c.o.largePhases()[c.enl.level]
+	c.enl.tel = c.tel.StartEnlargement(telemetry.Sender, start, int(from), want.Size, want.Count)
 	if c.rpcsInFlight() {
 		c.enl.tel.Link(c.rpcLinks())
 	}
@@ -122,7 +132,7 @@ func (c *Conn) enlarge() error {
 	for attempt := 0; attempt <= c.o.ackRetries && c.enl.ack == nil && !c.enl.refused; attempt++ {
 		c.enl.reqSeq++
 		c.enl.attempts++
-		req := record{typ: recRequest, seq: c.enl.reqSeq, size: uint32(c.o.largeSize), count: uint32(c.o.largeCount), addr2: reqTakesShrinkAsks}
+		req := record{typ: recRequest, seq: c.enl.reqSeq, size: uint32(want.Size), count: uint32(want.Count), addr2: reqTakesShrinkAsks}
 		if err := c.sendRecordLocked(req, c.wdl, true); err != nil {
 			return err
 		}
@@ -151,12 +161,16 @@ func (c *Conn) enlarge() error {
 		// M4: provision our large send buffers, then switch. A provider
 		// that sends inline from the caller's memory (shm) needs none:
 		// its inline copy is the copy into the send buffer.
+		// Staging of what we asked for at most: the peer's ack sizes its
+		// own ring, never our memory.
 		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count), credits: int(ack.count),
-			stageSize: c.o.largeSize, stageSlots: c.o.largeCount}
+			stageSize: min(int(ack.size), want.Size), stageSlots: min(int(ack.count), want.Count)}
+		c.enl.capped = int(ack.size)*int(ack.count) < want.Size*want.Count
+		c.enl.stalls = 0
 		if c.inlineMax < t.size {
 			c.mu.Unlock()
 			regStart := time.Now()
-			stage, err := c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite)
+			stage, err := c.pool.Get(bufpool.Owner(c.id), t.stageSize*t.stageSlots, transport.AccessLocalWrite)
 			c.enl.tel.Registration(time.Since(regStart))
 			c.mu.Lock()
 			if err != nil {
@@ -274,6 +288,7 @@ func (c *Conn) recordLocked(r record) error {
 	case recRequest:
 		c.enl.reqIn = r.seq
 		c.enl.peerTakesAsks = r.addr2&reqTakesShrinkAsks != 0
+		c.enl.reqSize, c.enl.reqCount = int(r.size), int(r.count)
 		// Once Close set closed it waits on c.wg: a server started
 		// after that would outlive the connection's memory.
 		if !c.enl.serving && !c.closed {
@@ -325,7 +340,7 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 		// before any write, since the writer takes only the answer to
 		// its latest request). Retire the ring as the record would have.
 		if r := &c.rx[large]; r.buf != nil && !r.retiring && r.arrived > 0 && c.enl.reqIn > c.enl.answered {
-			c.retireLargeLocked()
+			c.retireLargeLocked(false)
 		}
 		// A large ring the peer shrank away from is still draining: the
 		// new one comes when it is gone, if that is soon (within half
@@ -349,17 +364,18 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 			// A new request after a refusal: the budget may have room
 			// now (the writer asks again only after its back-off).
 			c.enl.rxRefused = nil
-			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, c.o.largeSize, c.o.largeCount)
+			ph := c.o.phaseFor(c.enl.reqSize, c.enl.reqCount)
+			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, ph.Size, ph.Count)
 			if c.rpcsInFlight() {
 				tel.Link(c.rpcLinks())
 			}
 			start := time.Now()
 			c.mu.Unlock()
 			get := func() (*bufpool.Buffer, error) {
-				return c.pool.Get(bufpool.Owner(c.id), c.o.largeSize*c.o.largeCount, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+				return c.pool.Get(bufpool.Owner(c.id), ph.Size*ph.Count, transport.AccessLocalWrite|transport.AccessRemoteWrite)
 			}
 			buf, err := get()
-			if isBudgetErr(err) && askShrinks(c, c.pool.Budget(), int64(c.o.largeSize*c.o.largeCount)) > 0 {
+			if isBudgetErr(err) && askShrinks(c, c.pool.Budget(), int64(ph.Size*ph.Count)) > 0 {
 				// Within half the writer's ack time-out, as for a
 				// draining ring above.
 				buf, err = c.awaitRoom(get, start.Add(c.o.ackTimeout/2))
@@ -380,12 +396,12 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 				outcome = outcomeServeError
 				c.st.EnlargeRefusals++
 			} else {
-				*rx = newRxRing(buf, c.o.largeSize, c.o.largeCount)
+				*rx = newRxRing(buf, ph.Size, ph.Count)
 				rx.stamp, rx.lastLanding = true, time.Now()
 				c.holdingLarge(true)
 				c.st.EnlargementsServed++
 			}
-			enlargementMarker(c.id, uint32(c.rx[small].size), uint32(c.o.largeSize), time.Since(start).Nanoseconds(), uint32(outcome))
+			enlargementMarker(c.id, uint32(c.rx[small].size), uint32(ph.Size), time.Since(start).Nanoseconds(), uint32(outcome))
 		}
 		answer := record{typ: recRefuse, seq: seq}
 		if rx.buf != nil && !rx.retiring {

@@ -27,6 +27,9 @@ type options struct {
 	threshold  int
 	largeSize  int
 	largeCount int
+	// more: the large phases above the first (WithBufferPhases), each a
+	// step up the ladder a stalling direction climbs.
+	more       []Phase
 	ackTimeout time.Duration
 	ackRetries int
 	budget     *bufpool.Budget
@@ -166,6 +169,61 @@ func WithLargeBuffers(size, count int) Option {
 	return func(o *options) { o.largeSize, o.largeCount = size, count }
 }
 
+// Phase is one step of the buffer ladder: Count slots of Size bytes in
+// each receive ring (and send staging area, where the provider needs
+// one).
+type Phase struct{ Size, Count int }
+
+// WithBufferPhases sets the whole ladder: the first phase is the small
+// one every connection starts with (WithSmallBuffers), the second the
+// first large one (WithLargeBuffers), and each further one a deeper ring
+// that a large direction climbs to when it keeps stalling on credits
+// (climbStalls waits for the peer's credits in that phase). Idle and
+// pressure shrinks go back to the first phase; the next enlargement asks
+// for the second. A receiver provisions the largest of its own phases
+// that fits what is asked, so the two ends may have different ladders.
+func WithBufferPhases(phases ...Phase) Option {
+	return func(o *options) {
+		if len(phases) == 0 {
+			o.more = nil
+			return
+		}
+		o.slotSize, o.slotCount = phases[0].Size, phases[0].Count
+		if len(phases) > 1 {
+			o.largeSize, o.largeCount = phases[1].Size, phases[1].Count
+		}
+		o.more = phases[min(2, len(phases)):]
+	}
+}
+
+// largePhases is the ladder above the small phase.
+func (o *options) largePhases() []Phase {
+	return append([]Phase{{o.largeSize, o.largeCount}}, o.more...)
+}
+
+// phaseFor is the large phase a receiver provisions for a request of
+// count slots of size bytes: the largest of its own that is no larger,
+// else its first.
+func (o *options) phaseFor(size, count int) Phase {
+	ph := o.largePhases()
+	best := ph[0]
+	for _, p := range ph {
+		if p.Size*p.Count <= size*count && p.Size*p.Count > best.Size*best.Count {
+			best = p
+		}
+	}
+	return best
+}
+
+// maxLarge is the deepest large phase's slot size and count (bounds of
+// posted receives, send queue, inline size).
+func (o *options) maxLarge() (size, count int) {
+	for _, p := range o.largePhases() {
+		size, count = max(size, p.Size), max(count, p.Count)
+	}
+	return size, count
+}
+
 // WithAckTimeout sets how long a writer waits for the enlargement
 // acknowledgement, and how many times it asks again before going on with
 // the small buffers.
@@ -256,15 +314,26 @@ func (o *options) validate() error {
 	if o.slotCount < 3 {
 		return fmt.Errorf("conn: small buffers: %d slots, want at least 3 (one is kept for control records)", o.slotCount)
 	}
-	if err := checkRing(uint32(o.largeSize), uint32(o.largeCount)); err != nil {
-		return fmt.Errorf("conn: large buffers: %w", err)
+	for i, p := range o.largePhases() {
+		if err := checkRing(uint32(p.Size), uint32(p.Count)); err != nil {
+			return fmt.Errorf("conn: large buffers (phase %d): %w", i+1, err)
+		}
+		if i > 0 {
+			if prev := o.largePhases()[i-1]; p.Size*p.Count <= prev.Size*prev.Count {
+				return fmt.Errorf("conn: buffer phase %d (%d × %d bytes) is no larger than the one before it", i+1, p.Count, p.Size)
+			}
+		}
 	}
 	if o.threshold == 0 {
 		o.threshold = o.slotSize
 	}
 	switch {
 	case o.rdvThreshold == 0:
-		o.rdvThreshold = o.largeSize * o.largeCount
+		// What the deepest ring holds: a message that fits it goes
+		// through the rings, which climb to it if it keeps stalling.
+		for _, p := range o.largePhases() {
+			o.rdvThreshold = max(o.rdvThreshold, p.Size*p.Count)
+		}
 	case o.rdvThreshold < 0:
 		o.rdvThreshold = 0
 	}

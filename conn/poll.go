@@ -357,7 +357,7 @@ func (c *Conn) receivedLocked(imm uint32) error {
 			if ring != large {
 				return fmt.Errorf("%w: shrink record in the small ring", errProtocol)
 			}
-			if err := c.retireLargeLocked(); err != nil {
+			if err := c.retireLargeLocked(rec.addr == shrinkClimb); err != nil {
 				return fmt.Errorf("%w: %w", errProtocol, err)
 			}
 			return nil

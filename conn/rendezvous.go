@@ -420,7 +420,7 @@ func (c *Conn) spillLocked() {
 func (c *Conn) maxSpillLocked() int {
 	n := c.o.slotSize * c.o.slotCount
 	if c.rx[large].buf != nil {
-		n += c.o.largeSize * c.o.largeCount
+		n += c.rx[large].size * c.rx[large].count
 	}
 	return n
 }

@@ -97,7 +97,11 @@ func (c *Conn) shrinkLocked() error {
 	from, to := t.size, c.tx[small].size
 	// A short bound: credits come back as the peer's reader reads; a peer
 	// that reads nothing keeps its large ring for now.
-	err := c.sendRecordLocked(record{typ: recShrink, seq: c.enl.reqSeq}, start.Add(c.o.ackTimeout), true)
+	rec := record{typ: recShrink, seq: c.enl.reqSeq}
+	if c.enl.climbing {
+		rec.addr = shrinkClimb
+	}
+	err := c.sendRecordLocked(rec, start.Add(c.o.ackTimeout), true)
 	if err != nil {
 		if c.err == nil && !c.closed {
 			return errShrinkBusy
@@ -116,6 +120,10 @@ func (c *Conn) shrinkLocked() error {
 	*t = txRing{}
 	c.pool.Trim() // rendezvous sources kept for reuse: idle now too
 	d := time.Since(start)
+	if c.enl.climbing {
+		return nil // a step up the ladder, not a shrink: climb asks next
+	}
+	c.enl.level = 0 // the next enlargement starts at the first large phase
 	c.st.Shrinks++
 	reason := telemetry.ReasonIdle
 	if c.enl.pressure {
@@ -147,13 +155,14 @@ func (c *Conn) shrinkTelemetryLocked(side, reason string, start time.Time, d tim
 }
 
 // retireLargeLocked is the peer's shrink record arrived (poller): the
-// large receive ring takes nothing more and goes once drained.
-func (c *Conn) retireLargeLocked() error {
+// large receive ring takes nothing more and goes once drained. climb: the
+// writer steps up the ladder rather than shrinking.
+func (c *Conn) retireLargeLocked(climb bool) error {
 	r := &c.rx[large]
 	if r.buf == nil || r.retiring {
 		return errShrinkNoRing
 	}
-	r.retiring = true
+	r.retiring, r.climb = true, climb
 	r.freed = 0 // the writer has no use for them any more
 	r.retiredAt = time.Now()
 	c.maybeDropLargeLocked()
@@ -185,7 +194,7 @@ func (c *Conn) maybeDropLargeLocked() {
 	if !r.retiring || r.released != r.arrived {
 		return
 	}
-	from := r.size
+	from, climb := r.size, r.climb
 	reason := telemetry.ReasonIdle
 	if !r.askedAt.IsZero() {
 		reason = telemetry.ReasonPressure
@@ -197,6 +206,10 @@ func (c *Conn) maybeDropLargeLocked() {
 	*r = rxRing{}
 	c.holdingLarge(false)
 	c.pool.Trim() // rendezvous destinations kept for reuse
+	if climb {
+		c.broadcastLocked() // a deeper ring comes next: no shrink to tell
+		return
+	}
 	c.st.ShrinksServed++
 	c.broadcastLocked()
 	enlargementMarker(c.id, uint32(from), uint32(c.rx[small].size), d.Nanoseconds(), outcomeShrinkServed)

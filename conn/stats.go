@@ -35,7 +35,8 @@ type Stats struct {
 	// EnlargeRetryAt: after a failed enlargement, when the next large
 	// write asks again (zero: no failure pending).
 	EnlargeRetryAt time.Time
-	// SendPhaseIndex is the sending direction's phase: 0 small, 1 large.
+	// SendPhaseIndex is the sending direction's phase: 0 small, 1 the
+	// first large one, 2 and on the further steps of WithBufferPhases.
 	SendPhaseIndex int
 	// Shrinks of our sending direction back to small (WithIdleShrink),
 	// and ShrinksServed, the peer's large rings dropped here after its
@@ -51,6 +52,9 @@ type Stats struct {
 	// short (reclaim under pressure).
 	PressureShrinks int
 	ShrinkAsks      int
+	// Climbs: steps of our sending direction up the ladder
+	// (WithBufferPhases), each when it kept stalling on credits.
+	Climbs          int
 	SmallFreed      bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
 	FreeSmallErrors int
 	BadRecords      int // torn or corrupt control records ignored
@@ -100,7 +104,7 @@ func (c *Conn) Stats() Stats {
 		s.EnlargeRetryAt = c.enl.retryAt
 	}
 	if c.sending == large {
-		s.SendPhaseIndex = 1
+		s.SendPhaseIndex = 1 + c.enl.level
 	}
 	s.RecvPhase = "small"
 	if c.rx[large].buf != nil {

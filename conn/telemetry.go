@@ -76,7 +76,7 @@ func (c *Conn) endServeTelemetryLocked(tel *telemetry.Enlargement, arrived time.
 		now := time.Now()
 		c.rpcEvent(telemetry.EventRPCEnlargement, now, tel.SpanContext(),
 			telemetry.KeySide.String(telemetry.Receiver), telemetry.KeyOutcome.String(string(outcome)),
-			telemetry.KeyEnlargeDuration.Float64(now.Sub(arrived).Seconds()), telemetry.KeyToSize.Int(c.o.largeSize))
+			telemetry.KeyEnlargeDuration.Float64(now.Sub(arrived).Seconds()), telemetry.KeyToSize.Int(c.rx[large].size))
 	}
 	tel.Answered(served)
 	if served {

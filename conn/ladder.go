@@ -1,0 +1,66 @@
+package conn
+
+import (
+	"errors"
+	"time"
+)
+
+// The ladder (WithBufferPhases, issue "Buffers follow traffic"): a large
+// direction that keeps stalling on credits, its writer waiting for the
+// peer's reader, climbs to the next, deeper phase. A step up is a shrink
+// record that says so (the peer retires the ring without counting a
+// shrink) followed by an enlargement request for the next phase: the
+// same records and the same guarantees as an idle shrink and the first
+// enlargement (shrink.go, M3), so nothing new can race a write. The peer
+// provisions the deeper ring once the old one is drained.
+
+const (
+	// climbStalls: credit stalls in a large phase before its writer asks
+	// for the next one. A stall is a full ring: the peer's reader is
+	// behind by the whole ring.
+	climbStalls = 8
+	// shrinkClimb, in a shrink record's addr: a step up, not a shrink.
+	shrinkClimb = 1
+)
+
+// climb takes the sending direction one phase up the ladder when it keeps
+// stalling, and says whether it did (the write then enlarges). c.wmu is
+// held (a write is starting); an error only when the connection is done.
+func (c *Conn) climb() (bool, error) {
+	if len(c.o.more) == 0 {
+		return false, nil // a ladder of one large phase
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.enl.phase != phaseLarge || c.enl.stalls < climbStalls || c.enl.capped ||
+		c.enl.level+1 >= len(c.o.largePhases()) || !c.enl.peerKeepsSmall {
+		return false, nil
+	}
+	c.enl.stalls = 0
+	// Every large write completed: the shrink record is the last message
+	// into the ring, after all of them.
+	t := &c.tx[large]
+	deadline := time.Now().Add(c.o.ackTimeout)
+	for t.done != t.seq && c.err == nil && !c.closed && time.Now().Before(deadline) {
+		c.waitLocked(c.changed, deadline)
+	}
+	if err := c.writeErrLocked(); err != nil {
+		return false, err
+	}
+	if t.done != t.seq {
+		return false, nil // still in flight: climb at a later write
+	}
+	c.enl.climbing = true
+	err := c.shrinkLocked()
+	c.enl.climbing = false
+	switch {
+	case err == nil:
+		c.enl.level++
+		c.st.Climbs++
+		return true, nil
+	case errors.Is(err, errShrinkBusy):
+		return false, nil // no credit for the record: later
+	default:
+		return false, err
+	}
+}

@@ -1,0 +1,102 @@
+package conn
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// A direction that keeps stalling climbs the ladder one phase at a time,
+// with every byte intact; an idle shrink takes it back to the small phase
+// and the next large write starts again at the first large phase.
+func TestLadderClimbs(t *testing.T) {
+	phases := []Phase{{1024, 4}, {8 << 10, 4}, {16 << 10, 8}, {32 << 10, 16}}
+	opts := []Option{WithBufferPhases(phases...), WithIdleShrink(200 * time.Millisecond)}
+	w, r := pipe2(t, opts, opts)
+	data := random(8 << 20)
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(data))
+		for off := 0; off < len(b); {
+			n, err := r.Read(b[off:min(off+4096, len(b))])
+			off += n
+			if err != nil {
+				t.Errorf("read: %v", err)
+				break
+			}
+			if off%(256<<10) < 4096 {
+				time.Sleep(time.Millisecond) // a slow reader: the writer stalls
+			}
+		}
+		got <- b
+	}()
+	for off := 0; off < len(data); off += 64 << 10 {
+		if _, err := w.Write(data[off : off+64<<10]); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+	if b := <-got; !bytes.Equal(b, data) {
+		t.Fatal("data differs after climbing")
+	}
+	st := w.Stats()
+	t.Logf("writer: phase %d, climbs %d, enlargements %d, stalls %d; reader registered %d bytes", st.SendPhaseIndex, st.Climbs, st.Enlargements, st.CreditStalls, r.Stats().RegisteredBytes)
+	if st.SendPhaseIndex != len(phases)-1 || st.Climbs != len(phases)-2 || st.Shrinks != 0 {
+		t.Fatalf("writer at phase %d after %d climbs and %d shrinks, want the top (%d) after %d climbs and no shrink",
+			st.SendPhaseIndex, st.Climbs, st.Shrinks, len(phases)-1, len(phases)-2)
+	}
+	if rs := r.Stats(); rs.ShrinksServed != 0 || rs.EnlargementsServed != len(phases)-1 {
+		t.Fatalf("reader: %d shrinks served, %d enlargements served; want 0 and %d", rs.ShrinksServed, rs.EnlargementsServed, len(phases)-1)
+	}
+
+	// Idle: back to small, then the first large phase again.
+	deadline := time.Now().Add(5 * time.Second)
+	for w.Stats().SendPhaseIndex != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := w.Stats(); st.SendPhaseIndex != 0 || st.Shrinks != 1 {
+		t.Fatalf("after idle: phase %d, %d shrinks; want 0 and 1", st.SendPhaseIndex, st.Shrinks)
+	}
+	more := random(64 << 10)
+	transfer(t, w, r, more, writeAll(w))
+	if st := w.Stats(); st.SendPhaseIndex != 1 || st.LastEnlargeTo != phases[1].Size {
+		t.Fatalf("the next large write: phase %d, to %d bytes; want phase 1 of %d-byte slots", st.SendPhaseIndex, st.LastEnlargeTo, phases[1].Size)
+	}
+}
+
+// Two ends with different ladders: the receiver provisions the largest
+// of its own phases that fits what is asked, and the writer stops
+// climbing once given less than it asked for.
+func TestLadderReceiverCaps(t *testing.T) {
+	w, r := pipe2(t, []Option{WithBufferPhases(Phase{1024, 4}, Phase{8 << 10, 4}, Phase{16 << 10, 8}, Phase{32 << 10, 16})},
+		[]Option{WithBufferPhases(Phase{1024, 4}, Phase{8 << 10, 4}, Phase{16 << 10, 4})})
+	data := random(4 << 20)
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(data))
+		for off := 0; off < len(b); {
+			n, err := r.Read(b[off:min(off+4096, len(b))])
+			off += n
+			if err != nil {
+				t.Errorf("read: %v", err)
+				break
+			}
+			if off%(128<<10) < 4096 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		got <- b
+	}()
+	for off := 0; off < len(data); off += 64 << 10 {
+		if _, err := w.Write(data[off : off+64<<10]); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+	if b := <-got; !bytes.Equal(b, data) {
+		t.Fatal("data differs")
+	}
+	st := w.Stats()
+	t.Logf("writer: phase %d, climbs %d, last enlargement to %d-byte slots", st.SendPhaseIndex, st.Climbs, st.LastEnlargeTo)
+	if st.Climbs != 1 || st.LastEnlargeTo != 16<<10 {
+		t.Fatalf("writer climbed %d times to %d-byte slots; want once, to the receiver's top (16 KiB × 4)", st.Climbs, st.LastEnlargeTo)
+	}
+}
