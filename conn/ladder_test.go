@@ -30,8 +30,8 @@ func TestLadderClimbs(t *testing.T) {
 		}
 		got <- b
 	}()
-	for off := 0; off < len(data); off += 64 << 10 {
-		if _, err := w.Write(data[off : off+64<<10]); err != nil {
+	for off := 0; off < len(data); off += 16 << 10 {
+		if _, err := w.Write(data[off : off+16<<10]); err != nil {
 			t.Fatalf("write: %v", err)
 		}
 	}
@@ -56,7 +56,7 @@ func TestLadderClimbs(t *testing.T) {
 	if st := w.Stats(); st.SendPhaseIndex != 0 || st.Shrinks != 1 {
 		t.Fatalf("after idle: phase %d, %d shrinks; want 0 and 1", st.SendPhaseIndex, st.Shrinks)
 	}
-	more := random(64 << 10)
+	more := random(16 << 10)
 	transfer(t, w, r, more, writeAll(w))
 	if st := w.Stats(); st.SendPhaseIndex != 1 || st.LastEnlargeTo != phases[1].Size {
 		t.Fatalf("the next large write: phase %d, to %d bytes; want phase 1 of %d-byte slots", st.SendPhaseIndex, st.LastEnlargeTo, phases[1].Size)
@@ -86,8 +86,8 @@ func TestLadderReceiverCaps(t *testing.T) {
 		}
 		got <- b
 	}()
-	for off := 0; off < len(data); off += 64 << 10 {
-		if _, err := w.Write(data[off : off+64<<10]); err != nil {
+	for off := 0; off < len(data); off += 16 << 10 {
+		if _, err := w.Write(data[off : off+16<<10]); err != nil {
 			t.Fatalf("write: %v", err)
 		}
 	}
