@@ -79,8 +79,8 @@ const (
 	DefaultLargeSize  = 32 << 10
 	DefaultLargeCount = 16
 	// DefaultDeepSize and DefaultDeepCount are the third phase's.
-	DefaultDeepSize  = 64 << 10
-	DefaultDeepCount = 32
+	DefaultDeepSize   = 64 << 10
+	DefaultDeepCount  = 32
 	DefaultAckTimeout = time.Second
 	DefaultAckRetries = 2
 	// DefaultRendezvousChunk is the most one advert holds, and so the
