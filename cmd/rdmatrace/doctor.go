@@ -171,6 +171,7 @@ func orDash(s string) string {
 const (
 	idleSide     = conn.DefaultSlotSize * conn.DefaultSlotCount * 2 // receive ring and staging
 	enlargedSide = idleSide + conn.DefaultLargeSize*conn.DefaultLargeCount
+	deepSide     = idleSide + conn.DefaultDeepSize*conn.DefaultDeepCount // the ladder's top
 )
 
 func (r *report) memlock() {
@@ -192,7 +193,7 @@ func (r *report) memlock() {
 			r.problem("the memlock limit (%d KiB) holds fewer than 64 enlarged connection ends: registrations will fail with ENOMEM under load on verbs (shm does not pin). Raise it (ulimit -l, LimitMEMLOCK= in systemd, the container runtime's or pod's memlock ulimit) or give the process CAP_IPC_LOCK", lim.Cur>>10)
 		}
 	}
-	r.printf("  rdmagrpc pins %d KiB per idle connection end, %d KiB per enlarged direction, and rendezvous transfers of large messages for their duration\n\n", idleSide>>10, enlargedSide>>10)
+	r.printf("  rdmagrpc pins %d KiB per idle connection end, %d KiB per enlarged direction (%d KiB once a stream climbs to the deepest phase), and rendezvous transfers of large messages for their duration\n\n", idleSide>>10, enlargedSide>>10, deepSide>>10)
 }
 
 // hasIPCLock reports whether CAP_IPC_LOCK is in this process's effective

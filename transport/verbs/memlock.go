@@ -44,7 +44,7 @@ func memlockText(limit uint64, locked int64, size int) string {
 		have = fmt.Sprintf(", %s of it locked already", kib(uint64(locked)))
 	}
 	return fmt.Sprintf("the memlock limit (ulimit -l) is %s%s, and this registration asks for %s more: "+
-		"raise it (rdmagrpc pins 8 KiB per idle connection and side, 520 KiB per enlarged direction, and up to 12 MiB per rendezvous transfer), "+
+		"raise it (rdmagrpc pins 8 KiB per idle connection and side, 520 KiB per enlarged direction, 2 MiB more in its deepest phase, and up to 12 MiB per rendezvous transfer), "+
 		"or give the process CAP_IPC_LOCK; in a container, set the memlock ulimit of the container runtime or the pod",
 		kib(limit), have, kib(uint64(size)))
 }
