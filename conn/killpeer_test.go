@@ -22,7 +22,7 @@ func killPeer(spec string) int {
 	phase, addr, _ := strings.Cut(spec, " ")
 	// The test's listener is over shm whatever the default provider is
 	// (verbs, in the rxe guest).
-	opts := []conn.Option{conn.WithAckTimeout(time.Minute, 0), conn.WithProvider("shm")}
+	opts := []conn.Option{conn.WithAckTimeout(time.Minute, 0), conn.WithProvider("shm"), conn.WithIdleShrink(50 * time.Millisecond)}
 	size := map[string]int{"small": 100, "enlarging-peer-waits": 64 << 10, "large": 40 << 10, "rendezvous": 8 << 20}[phase]
 	if phase == "enlarging-we-wait" {
 		// Never answer an enlargement request: hold every control
@@ -45,6 +45,15 @@ func killPeer(spec string) int {
 		return 1
 	}
 	go io.Copy(io.Discard, c)
+	if phase == "shrinking" {
+		// 26 large messages, then idle: the direction shrinks.
+		for range 26 {
+			if _, err := c.Write(make([]byte, 40<<10)); err != nil {
+				return 1
+			}
+		}
+		select {}
+	}
 	if size == 0 {
 		select {}
 	}

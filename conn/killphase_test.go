@@ -22,7 +22,8 @@ const envKillPeer = "RDMAGRPC_CONN_TEST_KILL_PEER"
 
 // The peer process killed with SIGKILL in each phase: small buffers; an
 // enlargement in flight, the peer waiting for our ack or we for its;
-// large buffers; a rendezvous transfer in the middle. Our Read and Write
+// large buffers; a shrink, our retired ring not drained yet; a rendezvous
+// transfer in the middle. Our Read and Write
 // fail within 5 s of the kill (never a clean end, never a time-out), and
 // after Close nothing is left: no PD, CQ, QP, MR, budget byte or
 // goroutine.
@@ -53,6 +54,13 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 			if s := c.Stats(); s.RecvPhase != "large" {
 				t.Fatalf("peer's direction in phase %s, want large", s.RecvPhase)
 			}
+		}},
+		{"shrinking", 100, func(t *testing.T, c *Conn) {
+			// The peer wrote 26 messages of 40 KiB, then shrank its
+			// direction: our large ring is retired with its last message
+			// still unread.
+			readN(t, c, 25*40<<10)
+			waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.rx[large].retiring })
 		}},
 		{"rendezvous", 8 << 20, func(t *testing.T, c *Conn) {
 			readN(t, c, 5<<20) // into the second advert of an 8 MiB message

@@ -328,6 +328,60 @@ func TestMaliciousPeer(t *testing.T) {
 				nicRefused(t, e.puppet)
 			}
 		}, "connection to"},
+		{"data into a ring the writer shrank away from", func(t *testing.T, e *env) func(*testing.T) {
+			// The puppet enlarges its direction and shrinks it again; the
+			// victim drops the ring. Then the puppet writes into it as if
+			// it still had it: the memory is deregistered, and the write
+			// is refused before it lands.
+			transfer(t, e.puppet, e.victim, random(40<<10), writeAll(e.puppet))
+			p := e.puppet
+			p.wmu.Lock()
+			p.mu.Lock()
+			for tx := &p.tx[large]; tx.done != tx.seq; {
+				p.waitLocked(p.changed, time.Now().Add(100*time.Millisecond))
+			}
+			old := p.tx[large]
+			err := p.shrinkLocked()
+			p.mu.Unlock()
+			p.wmu.Unlock()
+			if err != nil {
+				t.Fatalf("shrink: %v", err)
+			}
+			waitFor(t, func() bool { return e.victim.Stats().ShrinksServed == 1 })
+			p.mu.Lock()
+			p.tx[large] = old
+			p.tx[large].credits = old.count
+			p.mu.Unlock()
+			forge(t, p, large, encodeImm(kindLarge, small, 0, 8), []byte("12345678"))
+			return func(t *testing.T) { nicRefused(t, p) }
+		}, "connection to"},
+		{"data into a ring still draining after the shrink", func(t *testing.T, e *env) func(*testing.T) {
+			// As above, but the victim has not read what the puppet wrote
+			// before its shrink: the ring is kept until then, and takes
+			// nothing more.
+			p := e.puppet
+			if _, err := p.Write(random(40 << 10)); err != nil {
+				t.Fatal(err)
+			}
+			p.wmu.Lock()
+			p.mu.Lock()
+			for tx := &p.tx[large]; tx.done != tx.seq; {
+				p.waitLocked(p.changed, time.Now().Add(100*time.Millisecond))
+			}
+			old := p.tx[large]
+			err := p.shrinkLocked()
+			p.mu.Unlock()
+			p.wmu.Unlock()
+			if err != nil {
+				t.Fatalf("shrink: %v", err)
+			}
+			waitFor(t, func() bool { e.victim.mu.Lock(); defer e.victim.mu.Unlock(); return e.victim.rx[large].retiring })
+			p.mu.Lock()
+			p.tx[large] = old
+			p.mu.Unlock()
+			forge(t, p, large, encodeImm(kindLarge, small, 0, 8), []byte("12345678"))
+			return nil
+		}, "data message into the large ring after the writer shrank away from it"},
 		{"read of the victim's ring", func(t *testing.T, e *env) func(*testing.T) {
 			// Receive rings are remotely writable, never readable.
 			transfer(t, e.puppet, e.victim, random(100), writeAll(e.puppet))
