@@ -13,31 +13,7 @@ func TestLadderClimbs(t *testing.T) {
 	phases := []Phase{{1024, 4}, {8 << 10, 4}, {16 << 10, 8}, {32 << 10, 16}}
 	opts := []Option{WithBufferPhases(phases...), WithIdleShrink(200 * time.Millisecond)}
 	w, r := pipe2(t, opts, opts)
-	data := random(8 << 20)
-	got := make(chan []byte, 1)
-	go func() {
-		b := make([]byte, len(data))
-		for off := 0; off < len(b); {
-			n, err := r.Read(b[off:min(off+4096, len(b))])
-			off += n
-			if err != nil {
-				t.Errorf("read: %v", err)
-				break
-			}
-			if off%(256<<10) < 4096 {
-				time.Sleep(time.Millisecond) // a slow reader: the writer stalls
-			}
-		}
-		got <- b
-	}()
-	for off := 0; off < len(data); off += 16 << 10 {
-		if _, err := w.Write(data[off : off+16<<10]); err != nil {
-			t.Fatalf("write: %v", err)
-		}
-	}
-	if b := <-got; !bytes.Equal(b, data) {
-		t.Fatal("data differs after climbing")
-	}
+	streamToSlowReader(t, w, r, 8<<20, 256<<10)
 	st := w.Stats()
 	t.Logf("writer: phase %d, climbs %d, enlargements %d, stalls %d; reader registered %d bytes", st.SendPhaseIndex, st.Climbs, st.Enlargements, st.CreditStalls, r.Stats().RegisteredBytes)
 	if st.SendPhaseIndex != len(phases)-1 || st.Climbs != len(phases)-2 || st.Shrinks != 0 {
@@ -69,18 +45,31 @@ func TestLadderClimbs(t *testing.T) {
 func TestLadderReceiverCaps(t *testing.T) {
 	w, r := pipe2(t, []Option{WithBufferPhases(Phase{1024, 4}, Phase{8 << 10, 4}, Phase{16 << 10, 8}, Phase{32 << 10, 16})},
 		[]Option{WithBufferPhases(Phase{1024, 4}, Phase{8 << 10, 4}, Phase{16 << 10, 4})})
-	data := random(4 << 20)
+	streamToSlowReader(t, w, r, 4<<20, 128<<10)
+	st := w.Stats()
+	t.Logf("writer: phase %d, climbs %d, last enlargement to %d-byte slots", st.SendPhaseIndex, st.Climbs, st.LastEnlargeTo)
+	if st.Climbs != 1 || st.LastEnlargeTo != 16<<10 {
+		t.Fatalf("writer climbed %d times to %d-byte slots; want once, to the receiver's top (16 KiB × 4)", st.Climbs, st.LastEnlargeTo)
+	}
+}
+
+// streamToSlowReader writes n random bytes in 16 KiB writes to a reader
+// that pauses a millisecond every pause bytes, so the writer stalls on
+// credits, and checks every byte arrived.
+func streamToSlowReader(t *testing.T, w, r *Conn, n, pause int) {
+	t.Helper()
+	data := random(n)
 	got := make(chan []byte, 1)
 	go func() {
 		b := make([]byte, len(data))
 		for off := 0; off < len(b); {
-			n, err := r.Read(b[off:min(off+4096, len(b))])
-			off += n
+			k, err := r.Read(b[off:min(off+4096, len(b))])
+			off += k
 			if err != nil {
 				t.Errorf("read: %v", err)
 				break
 			}
-			if off%(128<<10) < 4096 {
+			if off%pause < 4096 {
 				time.Sleep(time.Millisecond)
 			}
 		}
@@ -93,10 +82,5 @@ func TestLadderReceiverCaps(t *testing.T) {
 	}
 	if b := <-got; !bytes.Equal(b, data) {
 		t.Fatal("data differs")
-	}
-	st := w.Stats()
-	t.Logf("writer: phase %d, climbs %d, last enlargement to %d-byte slots", st.SendPhaseIndex, st.Climbs, st.LastEnlargeTo)
-	if st.Climbs != 1 || st.LastEnlargeTo != 16<<10 {
-		t.Fatalf("writer climbed %d times to %d-byte slots; want once, to the receiver's top (16 KiB × 4)", st.Climbs, st.LastEnlargeTo)
 	}
 }

@@ -335,18 +335,7 @@ func TestMaliciousPeer(t *testing.T) {
 			// is refused before it lands.
 			transfer(t, e.puppet, e.victim, random(40<<10), writeAll(e.puppet))
 			p := e.puppet
-			p.wmu.Lock()
-			p.mu.Lock()
-			for tx := &p.tx[large]; tx.done != tx.seq; {
-				p.waitLocked(p.changed, time.Now().Add(100*time.Millisecond))
-			}
-			old := p.tx[large]
-			err := p.shrinkLocked()
-			p.mu.Unlock()
-			p.wmu.Unlock()
-			if err != nil {
-				t.Fatalf("shrink: %v", err)
-			}
+			old := shrinkNow(t, p)
 			waitFor(t, func() bool { return e.victim.Stats().ShrinksServed == 1 })
 			p.mu.Lock()
 			p.tx[large] = old
@@ -363,18 +352,7 @@ func TestMaliciousPeer(t *testing.T) {
 			if _, err := p.Write(random(40 << 10)); err != nil {
 				t.Fatal(err)
 			}
-			p.wmu.Lock()
-			p.mu.Lock()
-			for tx := &p.tx[large]; tx.done != tx.seq; {
-				p.waitLocked(p.changed, time.Now().Add(100*time.Millisecond))
-			}
-			old := p.tx[large]
-			err := p.shrinkLocked()
-			p.mu.Unlock()
-			p.wmu.Unlock()
-			if err != nil {
-				t.Fatalf("shrink: %v", err)
-			}
+			old := shrinkNow(t, p)
 			waitFor(t, func() bool { e.victim.mu.Lock(); defer e.victim.mu.Unlock(); return e.victim.rx[large].retiring })
 			p.mu.Lock()
 			p.tx[large] = old
@@ -468,6 +446,24 @@ func nicRefused(t *testing.T, puppet *Conn) {
 	if err := connErr(t, puppet); !strings.Contains(err.Error(), "remote access error") {
 		t.Fatalf("puppet's error %v, want its access refused", err)
 	}
+}
+
+// shrinkNow shrinks c's sending direction once its large writes have
+// completed, and returns the large ring it had.
+func shrinkNow(t *testing.T, c *Conn) txRing {
+	t.Helper()
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for tx := &c.tx[large]; tx.done != tx.seq; {
+		c.waitLocked(c.changed, time.Now().Add(100*time.Millisecond))
+	}
+	old := c.tx[large]
+	if err := c.shrinkLocked(); err != nil {
+		t.Fatalf("shrink: %v", err)
+	}
+	return old
 }
 
 func mustEqual(t *testing.T, what string, got, want []byte) {

@@ -501,6 +501,21 @@ func TestVerbsRCAttrsFromEnv(t *testing.T) {
 	}
 }
 
+// eachPath calls check with the path of each end's QP.
+func eachPath(t *testing.T, cli, srv *side, check func(who string, q transport.QP, p transport.Path)) {
+	t.Helper()
+	for _, e := range []struct {
+		who string
+		qp  transport.QP
+	}{{"dialer", cli.qp}, {"acceptor", srv.qp}} {
+		p, err := e.qp.(transport.PathQP).Path()
+		if err != nil {
+			t.Fatalf("%s: %v", e.who, err)
+		}
+		check(e.who, e.qp, p)
+	}
+}
+
 // sendOne sends a message from a to b and checks it arrives: the path the
 // QPs were programmed with carries traffic.
 func sendOne(t *testing.T, a, b *side) {
@@ -529,19 +544,12 @@ func TestVerbsPath(t *testing.T) {
 	t.Setenv(TrafficClassEnv, "104")
 	d := openOrSkip(t)
 	cli, srv := pair(t, d, []byte("path"), nil)
-	for _, q := range []struct {
-		who string
-		qp  transport.QP
-	}{{"dialer", cli.qp}, {"acceptor", srv.qp}} {
-		p, err := q.qp.(transport.PathQP).Path()
-		if err != nil {
-			t.Fatalf("%s: %v", q.who, err)
+	eachPath(t, cli, srv, func(who string, qp transport.QP, p transport.Path) {
+		t.Logf("%s: %+v", who, p)
+		if p.Port != 1 || p.GIDType != "RoCE v2" || p.MTU < 1024 || (who == "dialer" && p.TrafficClass != 104) {
+			t.Errorf("%s: path %+v, want port 1, a RoCE v2 GID, MTU ≥ 1024, traffic class 104", who, p)
 		}
-		t.Logf("%s: %+v", q.who, p)
-		if p.Port != 1 || p.GIDType != "RoCE v2" || p.MTU < 1024 || (q.who == "dialer" && p.TrafficClass != 104) {
-			t.Errorf("%s: path %+v, want port 1, a RoCE v2 GID, MTU ≥ 1024, traffic class 104", q.who, p)
-		}
-	}
+	})
 }
 
 // The environment's service level and source GID index reach the address
@@ -567,28 +575,21 @@ func TestVerbsPathFromEnv(t *testing.T) {
 		t.Setenv(GIDIndexEnv, strconv.Itoa(base.GIDIndex))
 		d := openOrSkip(t)
 		cli, srv := pair(t, d, []byte("path"), nil)
-		for _, q := range []struct {
-			who string
-			qp  transport.QP
-		}{{"dialer", cli.qp}, {"acceptor", srv.qp}} {
-			p, err := q.qp.(transport.PathQP).Path()
-			if err != nil {
-				t.Fatalf("%s: %v", q.who, err)
-			}
-			t.Logf("%s with SL 5, GID index %d: %+v", q.who, base.GIDIndex, p)
+		eachPath(t, cli, srv, func(who string, q transport.QP, p transport.Path) {
+			t.Logf("%s with SL 5, GID index %d: %+v", who, base.GIDIndex, p)
 			if p.GIDIndex != base.GIDIndex {
-				t.Errorf("%s: path %+v, want GID index %d", q.who, p, base.GIDIndex)
+				t.Errorf("%s: path %+v, want GID index %d", who, p, base.GIDIndex)
 			}
 			// What modify_qp was given at RTR. A RoCE device maps the SL
 			// to a priority on the wire and may not report it back: rxe
 			// keeps none (its address vector has no SL field).
-			if sl := q.qp.(*qp).cfgC.sl; sl != 5 {
-				t.Errorf("%s: RTR service level %d, want 5", q.who, sl)
+			if sl := q.(*qp).cfgC.sl; sl != 5 {
+				t.Errorf("%s: RTR service level %d, want 5", who, sl)
 			}
 			if p.ServiceLevel != 5 {
-				t.Logf("%s: the device reports service level %d (rxe does not keep one)", q.who, p.ServiceLevel)
+				t.Logf("%s: the device reports service level %d (rxe does not keep one)", who, p.ServiceLevel)
 			}
-		}
+		})
 		sendOne(t, cli, srv)
 	})
 	t.Run("RoCE v2 preferred", func(t *testing.T) {
