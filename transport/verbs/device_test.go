@@ -9,10 +9,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -707,4 +712,84 @@ func TestVerbsDevicesEnv(t *testing.T) {
 			t.Errorf("acceptor's error %v, want one naming %s", aerr, DevicesEnv)
 		}
 	})
+}
+
+// memlockChildEnv runs TestVerbsMemlockHelper as the registering process.
+const memlockChildEnv = "RDMAGRPC_VERBS_MEMLOCK_CHILD"
+
+// A process without CAP_IPC_LOCK whose memlock limit is below what it
+// registers gets the explanatory error, not a crash or a silent success:
+// run as uid 65534 with a 64 KiB limit, a 1 MiB registration fails and
+// says why. Root is not bound by the limit, so the helper runs as
+// nobody; in the tests/rxe guest only, where the device nodes may be
+// opened to it.
+func TestVerbsMemlockAsUser(t *testing.T) {
+	openOrSkip(t)
+	if os.Getenv("RXE_ADDR") == "" || os.Geteuid() != 0 {
+		t.Skip("runs in the tests/rxe guest, as root (it opens the RDMA device nodes to another user)")
+	}
+	nodes, _ := filepath.Glob("/dev/infiniband/*")
+	for _, n := range nodes {
+		if err := os.Chmod(n, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "memlock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "verbs.test")
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const nobody = 65534
+	cmd := exec.Command(bin, "-test.run=^TestVerbsMemlockHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), memlockChildEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.CombinedOutput()
+	t.Logf("helper as uid %d: %v\n%s", nobody, err, out)
+	if err != nil {
+		t.Fatalf("helper failed")
+	}
+	if !strings.Contains(string(out), "the memlock limit (ulimit -l) is 64 KiB") {
+		t.Fatalf("the refused registration does not explain the memlock limit")
+	}
+}
+
+func TestVerbsMemlockHelper(t *testing.T) {
+	if os.Getenv(memlockChildEnv) == "" {
+		t.Skip("the registering process of TestVerbsMemlockAsUser")
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: 64 << 10, Max: 64 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	d := openOrSkip(t)
+	pd, err := d.AllocPD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pd.Close()
+	mem, err := d.AllocMemory(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.FreeMemory(mem)
+	mr, err := pd.RegMR(mem, transport.AccessLocalWrite|transport.AccessRemoteWrite)
+	if err == nil {
+		mr.Dereg()
+		t.Fatal("registered 1 MiB under a 64 KiB memlock limit without CAP_IPC_LOCK")
+	}
+	t.Logf("refused: %v", err)
 }

@@ -21,6 +21,10 @@ const (
 	// RNRRetryEnv: receiver-not-ready retries (0–7, 7 meaning forever;
 	// default 6).
 	RNRRetryEnv = "RDMAGRPC_VERBS_RNR_RETRY"
+	// MinRNRTimerEnv: the RNR NAK timer a receiver asks its sender to
+	// wait before a retry, as the IB code (1–31: 1 is 10 µs, 14 the
+	// default 1.28 ms, 31 is 491.52 ms; 0 is 655.36 ms).
+	MinRNRTimerEnv = "RDMAGRPC_VERBS_MIN_RNR_TIMER"
 	// ServiceLevelEnv: the service level of the address vector (0–15;
 	// default: rdma_cm's, from the path record on InfiniBand, 0 on
 	// RoCE, where drivers map it to the 802.1p priority), as NCCL_IB_SL.
@@ -37,16 +41,16 @@ const (
 )
 
 // qpEnv holds the overrides; -1: unset.
-type qpEnv struct{ timeout, retry, rnr, sl, gidIndex, roce int }
+type qpEnv struct{ timeout, retry, rnr, rnrTimer, sl, gidIndex, roce int }
 
 func readQPEnv() (qpEnv, error) {
-	e := qpEnv{-1, -1, -1, -1, -1, -1}
+	e := qpEnv{-1, -1, -1, -1, -1, -1, -1}
 	for _, x := range []struct {
 		name     string
 		min, max uint64
 		dst      *int
 	}{
-		{TimeoutEnv, 0, 31, &e.timeout}, {RetryCountEnv, 0, 7, &e.retry}, {RNRRetryEnv, 0, 7, &e.rnr},
+		{TimeoutEnv, 0, 31, &e.timeout}, {RetryCountEnv, 0, 7, &e.retry}, {RNRRetryEnv, 0, 7, &e.rnr}, {MinRNRTimerEnv, 0, 31, &e.rnrTimer},
 		{ServiceLevelEnv, 0, 15, &e.sl}, {GIDIndexEnv, 0, 255, &e.gidIndex}, {RoCEVersionEnv, 1, 2, &e.roce},
 	} {
 		v, ok := os.LookupEnv(x.name)
@@ -71,5 +75,8 @@ func (e qpEnv) apply(a *qpAttrs) {
 	}
 	if e.rnr >= 0 {
 		a.rnrRetry = uint8(e.rnr)
+	}
+	if e.rnrTimer >= 0 {
+		a.minRNRTimer = uint8(e.rnrTimer)
 	}
 }

@@ -40,20 +40,21 @@ func TestReadQPEnv(t *testing.T) {
 	t.Setenv(ServiceLevelEnv, "3")
 	t.Setenv(GIDIndexEnv, "")
 	t.Setenv(RoCEVersionEnv, "2")
+	t.Setenv(MinRNRTimerEnv, "12")
 	e, err := readQPEnv()
-	if err != nil || e != (qpEnv{timeout: 20, retry: -1, rnr: 7, sl: 3, gidIndex: -1, roce: 2}) {
+	if err != nil || e != (qpEnv{timeout: 20, retry: -1, rnr: 7, rnrTimer: 12, sl: 3, gidIndex: -1, roce: 2}) {
 		t.Fatalf("readQPEnv: %+v, %v", e, err)
 	}
-	a := qpAttrs{timeout: 14, retryCnt: 7, rnrRetry: 6}
+	a := qpAttrs{timeout: 14, retryCnt: 7, rnrRetry: 6, minRNRTimer: 14}
 	e.apply(&a)
-	if a.timeout != 20 || a.retryCnt != 7 || a.rnrRetry != 7 {
+	if a.timeout != 20 || a.retryCnt != 7 || a.rnrRetry != 7 || a.minRNRTimer != 12 {
 		t.Fatalf("applied: %+v", a)
 	}
 	for _, bad := range []struct{ name, v string }{
 		{TimeoutEnv, "32"}, {RetryCountEnv, "8"}, {RNRRetryEnv, "-1"}, {TimeoutEnv, "fast"},
-		{ServiceLevelEnv, "16"}, {GIDIndexEnv, "256"}, {RoCEVersionEnv, "3"}, {RoCEVersionEnv, "0"},
+		{ServiceLevelEnv, "16"}, {GIDIndexEnv, "256"}, {RoCEVersionEnv, "3"}, {RoCEVersionEnv, "0"}, {MinRNRTimerEnv, "32"},
 	} {
-		for _, name := range []string{TimeoutEnv, RetryCountEnv, RNRRetryEnv, ServiceLevelEnv, GIDIndexEnv, RoCEVersionEnv} {
+		for _, name := range []string{TimeoutEnv, RetryCountEnv, RNRRetryEnv, ServiceLevelEnv, GIDIndexEnv, RoCEVersionEnv, MinRNRTimerEnv} {
 			t.Setenv(name, "")
 		}
 		t.Setenv(bad.name, bad.v)
