@@ -29,7 +29,7 @@ import (
 
 const doctorUsage = `rdmatrace doctor: check this machine for rdmagrpc over RDMA.
 
-Usage: rdmatrace doctor [--connect host:port] [--sysfs DIR]
+Usage: rdmatrace doctor [--connect host:port] [--loopback] [--sysfs DIR]
 
 Prints the RDMA devices, their ports and GID tables (with RoCE versions
 and the network device behind each), the memlock limit against what
@@ -43,9 +43,10 @@ Flags:
 %s`
 
 type doctorConfig struct {
-	sysfs   string
-	connect string
-	timeout time.Duration
+	sysfs    string
+	connect  string
+	loopback bool
+	timeout  time.Duration
 }
 
 func runDoctor(args []string, out, stderr io.Writer) int {
@@ -54,6 +55,7 @@ func runDoctor(args []string, out, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.sysfs, "sysfs", "/sys", "sysfs `root` to read devices from")
 	fs.StringVar(&c.connect, "connect", "", "dial this rdmagrpc `host:port` and report the connection")
+	fs.BoolVar(&c.loopback, "loopback", false, "listen on this machine's first RDMA address (127.0.0.1 without one) and dial it, as --connect does")
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "limit of the --connect dial")
 	setUsage(fs, stderr, doctorUsage)
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +77,9 @@ func runDoctor(args []string, out, stderr io.Writer) int {
 	r.settings()
 	if c.connect != "" {
 		r.dial(c.connect, c.timeout)
+	}
+	if c.loopback {
+		r.loopback(devs, c.timeout)
 	}
 	return r.verdict()
 }
@@ -273,6 +278,45 @@ func (r *report) dial(addr string, timeout time.Duration) {
 			p.Port, p.GIDIndex, orDash(p.GIDType), p.MTU, p.TrafficClass, p.ServiceLevel)
 	}
 	r.printf("\n")
+}
+
+// loopback listens on the first IPv4 address of an ACTIVE RDMA port (or
+// 127.0.0.1, shm, where there is none) and dials it: the whole path
+// through this machine's device, both ends here.
+func (r *report) loopback(devs []verbs.DeviceInfo, timeout time.Duration) {
+	host := "127.0.0.1"
+found:
+	for _, d := range devs {
+		for _, p := range d.Ports {
+			if !strings.Contains(p.State, "ACTIVE") {
+				continue
+			}
+			for _, g := range p.GIDs {
+				if g.Addr.Is4In6() && g.Type == "RoCE v2" {
+					host = g.Addr.Unmap().String()
+					break found
+				}
+			}
+		}
+	}
+	l, err := conn.Listen(context.Background(), host+":0")
+	if err != nil {
+		r.printf("loopback: listen on %s: %v\n\n", host, err)
+		r.problem("listen on %s failed: %v", host, err)
+		return
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	r.printf("loopback, listening on %s:\n", l.Addr())
+	r.dial(l.Addr().String(), timeout)
 }
 
 func (r *report) verdict() int {

@@ -128,7 +128,8 @@ func TestDoctorCommand(t *testing.T) {
 }
 
 // --connect dials an rdmagrpc listener without fall-back and says what
-// the connection runs on; a dial to nothing is a problem, named.
+// the connection runs on, --loopback one of its own; a dial to nothing is
+// a problem, named.
 func TestDoctorConnect(t *testing.T) {
 	l, err := conn.Listen(context.Background(), "127.0.0.1:0")
 	if err != nil {
@@ -148,6 +149,11 @@ func TestDoctorConnect(t *testing.T) {
 	runDoctor([]string{"--sysfs", t.TempDir(), "--connect", l.Addr().String()}, &out, &errs)
 	if !strings.Contains(out.String(), "connected in") || !strings.Contains(out.String(), "over shm") {
 		t.Errorf("--connect to an rdmagrpc listener:\n%s", out.String())
+	}
+	out.Reset()
+	runDoctor([]string{"--sysfs", t.TempDir(), "--loopback"}, &out, &errs)
+	if !strings.Contains(out.String(), "loopback, listening on 127.0.0.1:") || !strings.Contains(out.String(), "over shm") {
+		t.Errorf("--loopback without an RDMA device:\n%s", out.String())
 	}
 	addr := l.Addr().String()
 	l.Close()
