@@ -165,7 +165,10 @@ func (c *Conn) enlarge() error {
 		// own ring, never our memory.
 		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count), credits: int(ack.count),
 			stageSize: min(int(ack.size), want.Size), stageSlots: min(int(ack.count), want.Count)}
-		c.enl.capped = int(ack.size)*int(ack.count) < want.Size*want.Count
+		if c.enl.capped = int(ack.size)*int(ack.count) < want.Size*want.Count; c.enl.capped {
+			// Stats: the phase we got, not the one we asked for.
+			c.enl.level = c.o.levelFor(int(ack.size) * int(ack.count))
+		}
 		c.enl.stalls = 0
 		if c.inlineMax < t.size {
 			c.mu.Unlock()
@@ -375,6 +378,14 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 				return c.pool.Get(bufpool.Owner(c.id), ph.Size*ph.Count, transport.AccessLocalWrite|transport.AccessRemoteWrite)
 			}
 			buf, err := get()
+			if first := c.o.largePhases()[0]; isBudgetErr(err) && ph != first {
+				// No room for a step up the ladder: the first large
+				// phase, rather than sending the writer back to small
+				// (it stops climbing, given less than it asked). No
+				// other connection is asked to shrink for a step up.
+				ph = first
+				buf, err = get()
+			}
 			if isBudgetErr(err) && askShrinks(c, c.pool.Budget(), int64(ph.Size*ph.Count)) > 0 {
 				// Within half the writer's ack time-out, as for a
 				// draining ring above.

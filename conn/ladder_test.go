@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/bufpool"
 )
 
 // A direction that keeps stalling climbs the ladder one phase at a time,
@@ -82,5 +84,21 @@ func streamToSlowReader(t *testing.T, w, r *Conn, n, pause int) {
 	}
 	if b := <-got; !bytes.Equal(b, data) {
 		t.Fatal("data differs")
+	}
+}
+
+// A step up the ladder that the receiver's budget has no room for gets
+// the first large phase again, not a refusal: the writer stays large and
+// stops climbing.
+func TestLadderStepUpShortOfBudget(t *testing.T) {
+	phases := []Phase{{1024, 4}, {8 << 10, 4}, {64 << 10, 16}}
+	budget := bufpool.NewBudget(2*smallBytes + 64<<10) // room for phase 1, not for 1 MiB
+	w, r := pipe2(t, []Option{WithBufferPhases(phases...)}, []Option{WithBufferPhases(phases...), WithBudget(budget)})
+	streamToSlowReader(t, w, r, 4<<20, 128<<10)
+	st := w.Stats()
+	t.Logf("writer: phase %d, climbs %d, enlargements %d, failures %d, last to %d", st.SendPhaseIndex, st.Climbs, st.Enlargements, st.EnlargeFailures, st.LastEnlargeTo)
+	if st.Climbs != 1 || st.EnlargeFailures != 0 || st.LastEnlargeTo != phases[1].Size || st.SendPhaseIndex != 1 {
+		t.Fatalf("writer: %d climbs, %d failures, last enlargement to %d-byte slots, phase %d; want one climb answered with the first large phase",
+			st.Climbs, st.EnlargeFailures, st.LastEnlargeTo, st.SendPhaseIndex)
 	}
 }

@@ -225,6 +225,18 @@ func (o *options) phaseFor(size, count int) Phase {
 	return best
 }
 
+// levelFor is the index among the large phases of the largest one that
+// holds at most n bytes (0 when none does).
+func (o *options) levelFor(n int) int {
+	level := 0
+	for i, p := range o.largePhases() {
+		if p.Size*p.Count <= n {
+			level = i
+		}
+	}
+	return level
+}
+
 // maxLarge is the deepest large phase's slot size and count (bounds of
 // posted receives, send queue, inline size).
 func (o *options) maxLarge() (size, count int) {
