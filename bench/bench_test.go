@@ -71,6 +71,8 @@ func TestSmoke(t *testing.T) {
 		}
 		if line := find(md, "| 3 | "+strings.Replace(i.Transport, RDMA, "rdmagrpc (", 1)); line == "" {
 			t.Errorf("no idle row for %s", i.Transport)
+		} else if !strings.Contains(line, " / ") {
+			t.Errorf("idle row without goroutines per connection: %s", line)
 		}
 	}
 	// The fleet: with idle shrink, back to the small phase on both

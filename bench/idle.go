@@ -32,6 +32,9 @@ type IdleResult struct {
 	// RSS growth per connection of the client and of the server process
 	// (after a GC that returns freed memory).
 	RSSClient, RSSServer float64
+	// Goroutine growth per connection of each process: what an idle
+	// connection keeps running (0 for TCP: the netpoller serves it).
+	GoroutinesClient, GoroutinesServer float64
 	// Registered memory per end (rdmagrpc only): the mean of
 	// Stats().RegisteredBytes over both ends of every connection.
 	RegPerSide float64
@@ -124,7 +127,7 @@ func serveIdle(name string, in io.Reader, out io.Writer) error {
 			e = strings.ReplaceAll(lastErr.Error(), "\n", " ")
 		}
 		mu.Unlock()
-		fmt.Fprintf(out, "%d %d %d %s\n", len(conns), r, registered(conns), e)
+		fmt.Fprintf(out, "%d %d %d %d %s\n", len(conns), r, registered(conns), settledGoroutines(), e)
 	}
 	return nil
 }
@@ -148,9 +151,10 @@ type child struct {
 }
 
 type childReport struct {
-	held     int
-	rss, reg int64
-	err      string
+	held       int
+	rss, reg   int64
+	goroutines int
+	err        string
 }
 
 func startChild(name, provider string) (*child, error) {
@@ -201,15 +205,16 @@ func (c *child) report() (childReport, error) {
 	if err != nil {
 		return r, fmt.Errorf("idle server: %w", err)
 	}
-	f := strings.SplitN(strings.TrimSpace(line), " ", 4)
-	if len(f) != 4 {
+	f := strings.SplitN(strings.TrimSpace(line), " ", 5)
+	if len(f) != 5 {
 		return r, fmt.Errorf("idle server said %q", line)
 	}
 	r.held, _ = strconv.Atoi(f[0])
 	r.rss, _ = strconv.ParseInt(f[1], 10, 64)
 	r.reg, _ = strconv.ParseInt(f[2], 10, 64)
-	if f[3] != "-" {
-		r.err = f[3]
+	r.goroutines, _ = strconv.Atoi(f[3])
+	if f[4] != "-" {
+		r.err = f[4]
 	}
 	return r, nil
 }
@@ -234,7 +239,7 @@ func idle(ctx context.Context, t network, provider string, n int) IdleResult {
 		res.Err = err
 		return res
 	}
-	rss0 := settledRSS()
+	rss0, g0 := settledRSS(), settledGoroutines()
 	dialed := make([]net.Conn, 0, n)
 	defer func() { closeAll(dialed) }()
 	start := time.Now()
@@ -260,7 +265,7 @@ func idle(ctx context.Context, t network, provider string, n int) IdleResult {
 		}
 	}
 	res.Setup = time.Since(start)
-	rss1 := settledRSS()
+	rss1, g1 := settledRSS(), settledGoroutines()
 	res.Held = min(len(dialed), after.held)
 	if res.Err == nil && res.Held < n {
 		res.Err = fmt.Errorf("%d dialed, %d accepted", len(dialed), after.held)
@@ -272,6 +277,8 @@ func idle(ctx context.Context, t network, provider string, n int) IdleResult {
 		h := float64(res.Held)
 		res.RSSClient = float64(rss1-rss0) / h
 		res.RSSServer = float64(after.rss-before.rss) / h
+		res.GoroutinesClient = float64(g1-g0) / h
+		res.GoroutinesServer = float64(after.goroutines-before.goroutines) / h
 		res.RegPerSide = float64(registered(dialed)+after.reg) / (2 * h)
 	}
 	return res
@@ -293,6 +300,13 @@ func closeAll(conns []net.Conn) {
 	}
 	close(ch)
 	wg.Wait()
+}
+
+// settledGoroutines counts this process's goroutines once the ones that
+// were ending have ended (a dial's helpers, a completion loop going idle).
+func settledGoroutines() int {
+	time.Sleep(50 * time.Millisecond)
+	return runtime.NumGoroutine()
 }
 
 // settledRSS is the resident set after a GC that returns freed memory.

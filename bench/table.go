@@ -131,8 +131,8 @@ func (r *Report) Markdown(w io.Writer) {
 
 	if len(r.Idle) > 0 {
 		fmt.Fprintf(w, "\nIdle connections, dialed one at a time to a server in a child process; RSS growth per connection of each process, after a GC:\n\n")
-		fmt.Fprintf(w, "| connections | transport | held | set-up | RSS per connection, client | RSS per connection, server | registered per side |\n")
-		fmt.Fprintf(w, "|---:|---|---|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "| connections | transport | held | set-up | RSS per connection, client | RSS per connection, server | goroutines per connection, client / server | registered per side |\n")
+		fmt.Fprintf(w, "|---:|---|---|---:|---:|---:|---:|---:|\n")
 		for _, i := range r.Idle {
 			held := thousands(float64(i.Held))
 			if i.Err != nil {
@@ -146,8 +146,8 @@ func (r *Report) Markdown(w io.Writer) {
 			if name == RDMA {
 				name = rd
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %v | %s | %s | %s |\n", thousands(float64(i.Want)), name, held,
-				i.Setup.Round(time.Millisecond), kib(i.RSSClient), kib(i.RSSServer), reg)
+			fmt.Fprintf(w, "| %s | %s | %s | %v | %s | %s | %.2f / %.2f | %s |\n", thousands(float64(i.Want)), name, held,
+				i.Setup.Round(time.Millisecond), kib(i.RSSClient), kib(i.RSSServer), i.GoroutinesClient, i.GoroutinesServer, reg)
 		}
 	}
 
