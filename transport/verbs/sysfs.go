@@ -164,8 +164,9 @@ func gidHint(sysfs string, a netip.Addr) string {
 		return ""
 	}
 	a = a.Unmap()
+	devs := Sysfs(sysfs)
 	var all []string
-	for _, d := range Sysfs(sysfs) {
+	for _, d := range devs {
 		for _, p := range d.Ports {
 			for _, g := range p.GIDs {
 				all = append(all, fmt.Sprintf("%s/%d: %v", d.Name, p.Num, g.Addr.Unmap()))
@@ -183,7 +184,7 @@ func gidHint(sysfs string, a netip.Addr) string {
 	}
 	slices.Sort(all)
 	all = slices.Compact(all)
-	for _, d := range Sysfs(sysfs) {
+	for _, d := range devs {
 		for _, p := range d.Ports {
 			for _, g := range p.GIDs {
 				if g.Addr.Unmap() == a {
