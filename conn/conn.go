@@ -253,8 +253,7 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 			c.path = p
 		}
 	}
-	c.tel.Fabric(c.device, telemetry.Path{Port: c.path.Port, GIDIndex: c.path.GIDIndex, GIDType: c.path.GIDType,
-		MTU: c.path.MTU, TrafficClass: c.path.TrafficClass, ServiceLevel: c.path.ServiceLevel})
+	c.tel.Fabric(c.device, c.path)
 	c.track()
 	c.opened.Store(true)
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)
@@ -445,6 +444,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 func (c *Conn) writeElem(b []byte) (int, error) {
 	c.mu.Lock()
 	err := c.writeErrLocked()
+	stalling := c.enl.phase == phaseLarge && c.enl.stalls >= climbStalls // the ladder (climb)
 	c.mu.Unlock()
 	if err != nil {
 		return 0, c.opErr("write", err)
@@ -452,9 +452,11 @@ func (c *Conn) writeElem(b []byte) (int, error) {
 	if c.o.rdvThreshold > 0 && len(b) > c.o.rdvThreshold {
 		return c.writeRendezvous(b)
 	}
-	climbed, err := c.climb()
-	if err != nil {
-		return 0, c.opErr("write", err)
+	climbed := false
+	if stalling {
+		if climbed, err = c.climb(); err != nil {
+			return 0, c.opErr("write", err)
+		}
 	}
 	if climbed || len(b) > c.o.threshold {
 		if err := c.enlarge(); err != nil {

@@ -78,15 +78,15 @@ type enlargement struct {
 	backoff        time.Duration // after the last failure (0: none in a row)
 	retryAt        time.Time     // a failed direction asks again from then on
 	pressure       bool          // the peer asked us to shrink (pressure.go)
+	pressureUntil  time.Time     // when that ask lapses
 	// The ladder (WithBufferPhases): level is the large phase asked for
 	// next, and held once enlarged (0: the first); stalls are the credit
 	// stalls in it; capped: the peer gave less than asked, so climbing
 	// further is no use; climbing: the shrink under way is a step up.
-	level         int
-	stalls        int
-	capped        bool
-	climbing      bool
-	pressureUntil time.Time // when that ask lapses
+	level    int
+	stalls   int
+	capped   bool
+	climbing bool
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	answered  uint32 // the newest request answered

@@ -25,11 +25,9 @@ const (
 
 // climb takes the sending direction one phase up the ladder when it keeps
 // stalling, and says whether it did (the write then enlarges). c.wmu is
-// held (a write is starting); an error only when the connection is done.
+// held (a write is starting, which saw the stalls); an error only when
+// the connection is done.
 func (c *Conn) climb() (bool, error) {
-	if len(c.o.more) == 0 {
-		return false, nil // a ladder of one large phase
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.enl.phase != phaseLarge || c.enl.stalls < climbStalls || c.enl.capped ||

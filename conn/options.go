@@ -28,8 +28,10 @@ type options struct {
 	largeSize  int
 	largeCount int
 	// more: the large phases above the first (WithBufferPhases), each a
-	// step up the ladder a stalling direction climbs.
+	// step up the ladder a stalling direction climbs; ladder: the first
+	// and more, made once by validate.
 	more       []Phase
+	ladder     []Phase
 	ackTimeout time.Duration
 	ackRetries int
 	budget     *bufpool.Budget
@@ -206,10 +208,8 @@ func WithBufferPhases(phases ...Phase) Option {
 	}
 }
 
-// largePhases is the ladder above the small phase.
-func (o *options) largePhases() []Phase {
-	return append([]Phase{{o.largeSize, o.largeCount}}, o.more...)
-}
+// largePhases is the ladder above the small phase (validate makes it).
+func (o *options) largePhases() []Phase { return o.ladder }
 
 // phaseFor is the large phase a receiver provisions for a request of
 // count slots of size bytes: the largest of its own that is no larger,
@@ -336,12 +336,13 @@ func (o *options) validate() error {
 	if o.slotCount < 3 {
 		return fmt.Errorf("conn: small buffers: %d slots, want at least 3 (one is kept for control records)", o.slotCount)
 	}
-	for i, p := range o.largePhases() {
+	o.ladder = append([]Phase{{o.largeSize, o.largeCount}}, o.more...)
+	for i, p := range o.ladder {
 		if err := checkRing(uint32(p.Size), uint32(p.Count)); err != nil {
 			return fmt.Errorf("conn: large buffers (phase %d): %w", i+1, err)
 		}
 		if i > 0 {
-			if prev := o.largePhases()[i-1]; p.Size*p.Count <= prev.Size*prev.Count {
+			if prev := o.ladder[i-1]; p.Size*p.Count <= prev.Size*prev.Count {
 				return fmt.Errorf("conn: buffer phase %d (%d × %d bytes) is no larger than the one before it", i+1, p.Count, p.Size)
 			}
 		}

@@ -15,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // Conn is the telemetry of one connection: its span, the parent of its
@@ -88,18 +90,9 @@ func (c *Conn) Connected(local, remote net.Addr, snap func() Snapshot) {
 	c.set.mu.Unlock()
 }
 
-// Path is the route of a connection's traffic on an RDMA fabric; Port 0:
-// none (shm).
-type Path struct {
-	Port, GIDIndex    int
-	GIDType           string
-	MTU, TrafficClass int
-	ServiceLevel      int
-}
-
 // Fabric records on the connection span the device the connection lives
-// on and the path its traffic takes.
-func (c *Conn) Fabric(device string, p Path) {
+// on and the path its traffic takes (Port 0: none, shm).
+func (c *Conn) Fabric(device string, p transport.Path) {
 	if c == nil || !c.rec {
 		return
 	}
