@@ -40,7 +40,7 @@ func pipe2(t *testing.T, dopts, lopts []Option) (dialed, accepted *Conn) {
 		t.Fatal("accept failed")
 	}
 	t.Cleanup(func() { d.Close(); a.Close() })
-	return d.(*Conn), a
+	return unwrap(t, d), a
 }
 
 // A 1 MiB write to a reader whose budget has room for 512 KiB of

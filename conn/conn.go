@@ -109,6 +109,7 @@ type Conn struct {
 	path        transport.Path // verbs: what the QP was programmed with
 	tcp         *tcpSide       // set: a connection over TCP (tcp.go), nothing below is used
 	rpcs        rpcTrack       // the RPCs on it, for StatsHandler (rpcstats.go)
+	alias       net.Addr       // liveConns: another key for it (trackAs)
 	lastWrite   atomic.Int64   // UnixNano of the end of the last Write: idle shrink (shrink.go)
 	opened      atomic.Bool    // start succeeded: release reports the close to the marker
 	o           *options
@@ -297,7 +298,11 @@ func (c *Conn) opErr(op string, err error) error {
 	if err == nil || err == io.EOF {
 		return err
 	}
-	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	nw := "rdma"
+	if c.tcp != nil {
+		nw = "tcp"
+	}
+	return &net.OpError{Op: op, Net: nw, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
 func expired(dl time.Time) bool { return !dl.IsZero() && !time.Now().Before(dl) }
@@ -306,7 +311,7 @@ func expired(dl time.Time) bool { return !dl.IsZero() && !time.Now().Before(dl) 
 // direction and everything before was read.
 func (c *Conn) Read(b []byte) (int, error) {
 	if c.tcp != nil {
-		return c.tcp.read(b)
+		return c.tcpRead(b)
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
@@ -427,7 +432,7 @@ func (c *Conn) postCtlLocked(kind, ring, credits int) error {
 // or the acknowledgement time-out, honouring the write deadline.
 func (c *Conn) Write(b []byte) (int, error) {
 	if c.tcp != nil {
-		return c.tcp.write(b)
+		return c.tcpWrite(b)
 	}
 	if c.isClosed() {
 		return 0, c.opErr("write", net.ErrClosed)
@@ -563,6 +568,9 @@ func (c *Conn) write(b []byte) (int, error) {
 // rendezvous (M5).
 func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	if c.tcp != nil {
+		if r := c.tcp.upgraded(); r != nil {
+			return r.WriteBuffers(v)
+		}
 		return c.tcpWriteBuffers(v)
 	}
 	if c.isClosed() {
@@ -709,6 +717,9 @@ func (c *Conn) SetLinger(sec int) error {
 // linger ran out.
 func (c *Conn) Close() error {
 	if c.tcp != nil {
+		if c.tcp.neg != nil {
+			return c.closeBehind()
+		}
 		return c.tcpClose()
 	}
 	c.mu.Lock()
@@ -831,7 +842,7 @@ func (c *Conn) RemoteAddr() net.Addr {
 
 func (c *Conn) SetDeadline(t time.Time) error {
 	if c.tcp != nil {
-		return c.tcp.nc.SetDeadline(t)
+		return c.tcpSetDeadline(t, true, true)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -842,7 +853,7 @@ func (c *Conn) SetDeadline(t time.Time) error {
 
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	if c.tcp != nil {
-		return c.tcp.nc.SetReadDeadline(t)
+		return c.tcpSetDeadline(t, true, false)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -853,7 +864,7 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 
 func (c *Conn) SetWriteDeadline(t time.Time) error {
 	if c.tcp != nil {
-		return c.tcp.nc.SetWriteDeadline(t)
+		return c.tcpSetDeadline(t, false, true)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -102,8 +102,6 @@ type Listener struct {
 	// negotiations counts the TCP connections that spoke our SETTINGS
 	// parameter (tests: a known server is dialed directly).
 	negotiations atomic.Int64
-	// probes counts the probes of clients that knew us as TCP (negotiate.go).
-	probes atomic.Int64
 	dev    transport.Device
 	name   string
 	o      *options

@@ -25,7 +25,26 @@ func conns(t *testing.T, opts ...Option) (*Conn, *Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	return a.(*Conn), b.(*Conn)
+	return unwrap(t, a), b.(*Conn)
+}
+
+// unwrap is the connection a dial's Conn hands its calls to once its
+// negotiation is over (lazy.go): the upgraded one, for tests that look
+// inside it.
+func unwrap(t testing.TB, nc net.Conn) *Conn {
+	t.Helper()
+	c := nc.(*Conn)
+	if c.tcp == nil || c.tcp.neg == nil {
+		return c
+	}
+	r, err := c.settled(nil)
+	if err != nil {
+		t.Fatalf("the dial's negotiation: %v", err)
+	}
+	if r == nil {
+		return c
+	}
+	return r
 }
 
 // transfer writes data on w with write and checks r reads exactly it.

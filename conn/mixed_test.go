@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -154,13 +155,8 @@ func TestMixedProviderMismatch(t *testing.T) {
 	check(t, l.Addr().String(), dial)
 	wantProvider(t, "client", <-got, "tcp", "the server offers no RDMA: the server's RDMA provider is shm")
 	wantProvider(t, "server side", (<-cl.got).(*Conn), "tcp", "provider is shm")
-	// The next dial knows the answer: a probe, which the server answers
-	// with the same verdict, and the address stays known as TCP.
-	check(t, l.Addr().String(), dial)
-	wantProvider(t, "client, second dial", <-got, "tcp", "not the client's (at an earlier dial)")
-	wantProvider(t, "server side, second dial", (<-cl.got).(*Conn), "tcp", "the client stays on TCP")
-	if k, ok := lookupServer(l.Addr().String(), otherFamily{}.Name()); !ok || k.rdma != "" {
-		t.Fatalf("after the probe: %+v %v, want known to stay TCP", k, ok)
+	if _, ok := lookupServer(l.Addr().String(), otherFamily{}.Name()); ok {
+		t.Fatal("a server that stays TCP is remembered")
 	}
 
 	_, err = Dial(t.Context(), l.Addr().String(), WithProvider(otherFamily{}.Name()), WithoutFallback())
@@ -211,53 +207,125 @@ func TestMixedAddresses(t *testing.T) {
 	}
 }
 
-// The server's side of the negotiation cut at every step: the dial fails
-// with a clear error, or falls back cleanly.
+// The server's side of the negotiation cut at every step. The dial
+// returns once TCP is connected and the first read says what went wrong,
+// or the connection falls back cleanly and a plain server's bytes reach
+// the reader whole; WithoutFallback, the dial waits and fails with the
+// same error.
 func TestNegotiationCutByServer(t *testing.T) {
+	preface := h2Preface + "\x00\x00\x00\x04\x00\x00\x00\x00\x00" // what grpc-go writes first
+	settings := "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+	readStart := func(c net.Conn) { io.ReadFull(c, make([]byte, len(clientStart("shm")))) }
 	for _, tc := range []struct {
 		name  string
 		serve func(c net.Conn)
-		want  string // in the dial error; "" for a fall-back
+		want  string // in the error of the first read; "" for a fall-back
+		why   string // a fall-back's reason
+		read  string // what a fall-back reads
 	}{
-		{"at accept", func(c net.Conn) {}, "closed or failed before answering"},
-		{"after the preface", func(c net.Conn) { io.ReadFull(c, make([]byte, len(clientStart("shm")))) }, "closed or failed before answering"},
+		{"at accept", func(c net.Conn) {}, "closed or failed before answering", "", ""},
+		{"after the preface", readStart, "closed or failed before answering", "", ""},
+		{"mid-magic", func(c net.Conn) { readStart(c); c.Write([]byte(replyMagic[:2])) }, "closed or failed before answering", "", ""},
 		{"mid-reply", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+			readStart(c)
 			c.Write(encodeReply(verdictRDMA, "127.0.0.1:1")[:6])
-		}, "EOF"},
+		}, "EOF", "", ""},
 		{"bad verdict", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+			readStart(c)
 			c.Write(encodeReply('X', ""))
-		}, "verdict"},
+		}, "verdict", "", ""},
 		{"offer unreachable", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+			readStart(c)
 			c.Write(encodeReply(verdictRDMA, "127.0.0.1:1"))
 			io.ReadFull(c, make([]byte, 1)) // stayTCP
-		}, ""},
+		}, "", "the RDMA upgrade failed", ""},
+		{"stay on TCP, then settings", func(c net.Conn) {
+			readStart(c)
+			c.Write(append(encodeReply(verdictTCP, "no"), settings...))
+		}, "", "offers no RDMA: no", settings},
+		{"a plain server's settings", func(c net.Conn) {
+			readStart(c)
+			c.Write([]byte(settings))
+		}, "", "plain gRPC", settings},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tl := serveOnce(t, tc.serve)
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			addr := serveOnce(t, tc.serve).Addr().String()
+			nc, err := Dial(t.Context(), addr, WithProvider("shm"))
+			if err != nil {
+				t.Fatalf("the dial waited for the negotiation: %v", err)
+			}
+			defer nc.Close()
+			// Held until the verdict, or after it, its error.
+			if _, err := nc.Write([]byte(preface)); err != nil && (tc.want == "" || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("write: %v", err)
+			}
+			nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			b, err := io.ReadAll(nc)
+			switch {
+			case tc.want == "" && string(b) != tc.read:
+				t.Fatalf("read %q (%v), want %q", b, err, tc.read)
+			case tc.want == "":
+				wantProvider(t, "client", nc.(*Conn), "tcp", tc.why)
+			case err == nil || !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("read %q, error %v; want an error with %q", b, err, tc.want)
+			default:
+				t.Logf("first read: %v", err)
+			}
+
+			addr = serveOnce(t, tc.serve).Addr().String()
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
-			nc, err := Dial(ctx, tl.Addr().String(), WithProvider("shm"))
+			nc, err = Dial(ctx, addr, WithProvider("shm"), WithoutFallback())
 			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("want a fall-back, got %v", err)
-			case tc.want == "":
-				wantProvider(t, "client", nc.(*Conn), "tcp", "the RDMA upgrade failed")
-				if _, err := nc.Read(make([]byte, 1)); err == nil {
-					t.Fatal("read from a closed server succeeded")
-				}
-				nc.Close()
 			case err == nil:
 				nc.Close()
-				t.Fatalf("dial succeeded, want an error with %q", tc.want)
-			case !strings.Contains(err.Error(), tc.want):
-				t.Fatalf("dial error %q, want %q in it", err, tc.want)
-			default:
-				t.Logf("%v", err)
+				t.Fatal("WithoutFallback: the dial succeeded")
+			case tc.want == "" && !errors.Is(err, ErrNoRDMA):
+				t.Fatalf("WithoutFallback: %v, want ErrNoRDMA", err)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("WithoutFallback: dial error %q, want %q in it", err, tc.want)
 			}
 		})
+	}
+}
+
+// A dial returns once TCP is connected, whatever the server does: one
+// that never answers leaves a read to its deadline, and Close ends the
+// negotiation behind the dial.
+func TestDialDoesNotWaitForTheAnswer(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	release := make(chan struct{})
+	addr := serveOnce(t, func(c net.Conn) { <-release }).Addr().String()
+	defer close(release)
+	nc, err := Dial(t.Context(), addr, WithProvider("shm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Write([]byte(h2Preface)); err != nil {
+		t.Fatalf("write before the verdict: %v", err)
+	}
+	nc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := nc.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read from a silent server: %v, want the deadline", err)
+	}
+	// A write that does not fit what a Conn holds waits for the verdict.
+	nc.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := nc.Write(make([]byte, maxHeld)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a write of %d bytes before the verdict: %d, %v; want the deadline", maxHeld, n, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		nc.SetReadDeadline(time.Time{})
+		_, err := nc.Read(make([]byte, 1))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := nc.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("a read waiting for the verdict at Close: %v, want net.ErrClosed", err)
 	}
 }
 
@@ -389,6 +457,7 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 		}
 	}()
 	const timeout = 300 * time.Millisecond
+	// The time to the verdict: Stats waits for it.
 	dial := func() (*Conn, time.Duration) {
 		start := time.Now()
 		nc, err := Dial(t.Context(), tl.Addr().String(), WithProvider("shm"), WithUpgradeTimeout(timeout))
@@ -396,6 +465,7 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { nc.Close() })
+		nc.(*Conn).Stats()
 		return nc.(*Conn), time.Since(start)
 	}
 	c, first := dial()
@@ -454,16 +524,14 @@ func TestMixedKnownServerDialedDirectly(t *testing.T) {
 	dial, got := recording(WithProvider("shm"))
 	check(t, addr, dial)
 	wantProvider(t, "after the server changed", <-got, "tcp", "plain gRPC (HTTP/2) server")
-	if k, ok := lookupServer(addr, "shm"); ok && k.rdma != "" {
+	if _, ok := lookupServer(addr, "shm"); ok {
 		t.Fatal("the address is still remembered as rdmagrpc")
 	}
 }
 
-// A server known to stay TCP is dialed at TCP's speed: the dial returns
-// once TCP is connected and the server's answer to the probe is read with
-// its first bytes. When an rdmagrpc listener takes the address over, the
-// probed connection still works over TCP and the dial after it upgrades.
-func TestMixedKnownPlainServerProbed(t *testing.T) {
+// A plain server's address taken over by an rdmagrpc listener: the next
+// dial upgrades, since a server that stays TCP is not remembered.
+func TestMixedPlainServerReplaced(t *testing.T) {
 	tl, err := net.Listen("tcp", testAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -477,8 +545,6 @@ func TestMixedKnownPlainServerProbed(t *testing.T) {
 	dial, got := recording(WithProvider("shm"))
 	check(t, addr, dial)
 	wantProvider(t, "first dial", <-got, "tcp", "plain gRPC (HTTP/2) server")
-	check(t, addr, dial)
-	wantProvider(t, "second dial", <-got, "tcp", "at an earlier dial")
 	s.Stop()
 
 	nl, err := Listen(t.Context(), addr, WithProvider("shm"))
@@ -488,71 +554,11 @@ func TestMixedKnownPlainServerProbed(t *testing.T) {
 	l := nl.(*Listener)
 	serveHealth(t, l)
 	check(t, addr, dial)
-	wantProvider(t, "probe of the new server", <-got, "tcp", "at an earlier dial")
-	if n := l.probes.Load(); n != 1 {
-		t.Fatalf("%d probes, want 1", n)
-	}
-	if k, ok := lookupServer(addr, "shm"); ok {
-		t.Fatalf("still remembered as %+v after the server offered RDMA", k)
-	}
+	wantProvider(t, "dial to the new server", <-got, "shm", "option")
 	check(t, addr, dial)
-	wantProvider(t, "dial after the probe", <-got, "shm", "option")
+	wantProvider(t, "the dial after", <-got, "shm", "option")
 	if n := l.negotiations.Load(); n != 1 {
-		t.Fatalf("%d negotiations, want 1", n)
-	}
-}
-
-// A probe cut by the server at each step: the dial succeeds (it waits for
-// nothing), and the first read says what went wrong; a plain server's
-// bytes reach the reader whole.
-func TestNegotiationProbeCut(t *testing.T) {
-	preface := h2Preface + "\x00\x00\x00\x04\x00\x00\x00\x00\x00" // what grpc-go writes first
-	settings := "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-	for _, tc := range []struct {
-		name  string
-		serve func(c net.Conn)
-		read  string // what the first read returns
-		want  string // else in its error
-	}{
-		{"at accept", func(c net.Conn) {}, "", ""}, // EOF: ReadAll says nil
-		{"mid-answer", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
-			c.Write(encodeReply(verdictTCP, "no")[:6])
-		}, "", "the answer to our probe"},
-		{"bad verdict", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
-			c.Write(encodeReply('X', ""))
-		}, "", "verdict"},
-		{"a plain server's settings", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
-			c.Write([]byte(settings))
-		}, settings, ""},
-		{"an answer, then settings", func(c net.Conn) {
-			io.ReadFull(c, make([]byte, len(clientStartProbe("shm"))))
-			c.Write(append(encodeReply(verdictTCP, "no"), settings...))
-		}, settings, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			addr := serveOnce(t, tc.serve).Addr().String()
-			rememberServer(addr, "shm", knownServer{why: "test"})
-			t.Cleanup(func() { forgetServer(addr, "shm") })
-			nc, err := Dial(t.Context(), addr, WithProvider("shm"))
-			if err != nil {
-				t.Fatalf("a probe's dial failed: %v", err)
-			}
-			defer nc.Close()
-			if _, err := nc.Write([]byte(preface)); err != nil && tc.name != "at accept" {
-				t.Fatalf("write: %v", err)
-			}
-			nc.SetReadDeadline(time.Now().Add(10 * time.Second))
-			b, err := io.ReadAll(nc)
-			switch {
-			case tc.want == "" && string(b) != tc.read:
-				t.Fatalf("read %q (%v), want %q", b, err, tc.read)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("read %q, error %v; want an error with %q", b, err, tc.want)
-			}
-		})
+		t.Fatalf("%d negotiations, want 1 (the second dial goes to RDMA directly)", n)
 	}
 }
 

@@ -31,8 +31,13 @@ package conn
 //     client's SETTINGS to grpc-go (harmless: its parameters are ignored,
 //     and grpc-go ignores the extra SETTINGS acknowledgement).
 //
-// A client that cannot reach the TCP side at all (connection refused: a
-// listener made WithoutTCP, or an older rdmagrpc) dials RDMA directly.
+// All of it runs behind the dial (lazy.go): Dial returns once TCP is
+// connected, the client's writes wait in its memory until the answer, and
+// its reads wait for it, so a dial costs what a TCP dial costs and the
+// answer's round trip overlaps the one grpc-go waits for anyway (the
+// server's SETTINGS). A client that cannot reach the TCP side at all
+// (connection refused: a listener made WithoutTCP, or an older rdmagrpc)
+// dials RDMA directly.
 
 import (
 	"context"
@@ -41,7 +46,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"log/slog"
 	"net"
 	"sync"
 	"syscall"
@@ -56,12 +60,9 @@ const (
 
 	h2FrameSettings = 0x4
 	// Our SETTINGS parameters, from HTTP/2's experimental range.
-	settingHello    = 0xf0d3 // value settingMagic or settingProbe
+	settingHello    = 0xf0d3 // value settingMagic
 	settingProvider = 0xf0d4 // value providerCode(the client's provider)
 	settingMagic    = 0x52444701
-	// settingProbe: "I stay on TCP; tell me your verdict and go on"
-	// (see probe). A listener that does not know it sees a plain client.
-	settingProbe = 0x52444750
 
 	replyMagic = "RDMG"
 	// replyVersion is the negotiation's version, in the reply.
@@ -93,17 +94,12 @@ func providerCode(name string) uint32 {
 
 // clientStart is the first thing an rdmagrpc client sends: a valid start
 // of an HTTP/2 connection.
-func clientStart(provider string) []byte { return start(settingMagic, provider) }
-
-// clientStartProbe is a probe's first bytes (see probe).
-func clientStartProbe(provider string) []byte { return start(settingProbe, provider) }
-
-func start(hello uint32, provider string) []byte {
+func clientStart(provider string) []byte {
 	b := make([]byte, 0, len(h2Preface)+9+12)
 	b = append(b, h2Preface...)
 	b = append(b, 0, 0, 12, h2FrameSettings, 0, 0, 0, 0, 0)
 	b = binary.BigEndian.AppendUint16(b, settingHello)
-	b = binary.BigEndian.AppendUint32(b, hello)
+	b = binary.BigEndian.AppendUint32(b, settingMagic)
 	b = binary.BigEndian.AppendUint16(b, settingProvider)
 	b = binary.BigEndian.AppendUint32(b, providerCode(transport.Family(provider)))
 	return b
@@ -136,7 +132,7 @@ func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
 		id, v := binary.BigEndian.Uint16(p), binary.BigEndian.Uint32(p[2:])
 		switch id {
 		case settingHello:
-			if v == settingMagic || v == settingProbe {
+			if v == settingMagic {
 				hello = v
 			}
 		case settingProvider:
@@ -212,42 +208,24 @@ func noteFailedUpgrade(addr string) {
 	failedUpgrades.m[addr] = time.Now()
 }
 
-// knownServers remembers, per dialed address and provider, what the last
-// negotiation there found, so that the next dials skip its round trip:
-//
-//   - An RDMA listener offered on the dialed port: the next dials go to it
-//     directly and skip the TCP leg (about 150 µs per dial on shm here).
-//     The entry goes at the first failure, and that dial negotiates again,
-//     so a server that stopped being rdmagrpc costs one failed RDMA dial
-//     (on shm an immediate refusal; on verbs at most WithUpgradeTimeout).
-//   - A server that stays TCP (a plain gRPC server, or an rdmagrpc one
-//     with another provider): the next dials return as soon as TCP is
-//     connected, as a plain TCP dial does. They still ask, in a probe the
-//     server answers without waiting for anything (see probe), and the
-//     first read forgets the entry when the answer is now an offer, so the
-//     dial after that one upgrades.
+// knownServers remembers, per dialed address and provider, the RDMA
+// listener a negotiation there found on the dialed port: the next dials
+// go to it directly and skip the TCP leg (about 150 µs per dial on shm
+// here). The entry goes at the first failure, and that dial negotiates
+// again, so a server that stopped being rdmagrpc costs one failed RDMA
+// dial (on shm an immediate refusal; on verbs at most WithUpgradeTimeout).
+// A server that stays TCP is not remembered: its negotiation runs behind
+// the dial and costs it nothing (lazy.go).
 var knownServers = struct {
 	sync.Mutex
-	m map[[2]string]knownServer
-}{m: map[[2]string]knownServer{}}
-
-type knownServer struct {
-	rdma string // the RDMA listener's address; "" stays TCP
-	why  string // when it stays TCP
-	at   time.Time
-}
-
-// knownTCPTTL bounds how long a server stays known as TCP: a probe
-// learns that it became rdmagrpc, but only from a listener that knows
-// probes; after this a dial negotiates in full again.
-const knownTCPTTL = 30 * time.Second
+	m map[[2]string]string
+}{m: map[[2]string]string{}}
 
 // ForgetServers drops what earlier dials learned about servers (an RDMA
-// listener to dial directly, a server that stays TCP, an upgrade that
-// timed out), so that the next dial to each negotiates afresh. Dials keep
-// this up to date themselves, from every change they see; ForgetServers
-// is for a program that knows better (a fleet changed under it) and for
-// timing first dials.
+// listener to dial directly, an upgrade that timed out), so that the next
+// dial to each negotiates afresh. Dials keep this up to date themselves,
+// from every change they see; ForgetServers is for a program that knows
+// better (a fleet changed under it) and for timing first dials.
 func ForgetServers() {
 	knownServers.Lock()
 	clear(knownServers.m)
@@ -257,36 +235,28 @@ func ForgetServers() {
 	failedUpgrades.Unlock()
 }
 
-func rememberServer(addr, provider string, k knownServer) {
-	if k.rdma != "" {
-		// Only an RDMA listener on the dialed port is the same server
-		// for sure later; one on a port of its own may be another
-		// process's by the next dial.
-		_, p1, err1 := net.SplitHostPort(addr)
-		_, p2, err2 := net.SplitHostPort(k.rdma)
-		if err1 != nil || err2 != nil || p1 != p2 {
-			return
-		}
+func rememberServer(addr, provider, rdmaAddr string) {
+	// Only an RDMA listener on the dialed port is the same server for
+	// sure later; one on a port of its own may be another process's by
+	// the next dial.
+	_, p1, err1 := net.SplitHostPort(addr)
+	_, p2, err2 := net.SplitHostPort(rdmaAddr)
+	if err1 != nil || err2 != nil || p1 != p2 {
+		return
 	}
 	knownServers.Lock()
 	defer knownServers.Unlock()
 	if len(knownServers.m) >= 4096 {
 		clear(knownServers.m)
 	}
-	k.at = time.Now()
-	knownServers.m[[2]string{addr, provider}] = k
+	knownServers.m[[2]string{addr, provider}] = rdmaAddr
 }
 
-func lookupServer(addr, provider string) (knownServer, bool) {
+func lookupServer(addr, provider string) (string, bool) {
 	knownServers.Lock()
 	defer knownServers.Unlock()
-	key := [2]string{addr, provider}
-	k, ok := knownServers.m[key]
-	if ok && k.rdma == "" && time.Since(k.at) > knownTCPTTL {
-		delete(knownServers.m, key)
-		return knownServer{}, false
-	}
-	return k, ok
+	a, ok := knownServers.m[[2]string{addr, provider}]
+	return a, ok
 }
 
 func forgetServer(addr, provider string) {
@@ -297,11 +267,13 @@ func forgetServer(addr, provider string) {
 
 // dialNegotiated is Dial's default path: TCP first, then RDMA if the
 // listener offers it (see the top of this file); straight to RDMA where
-// the listener at addr offered it before.
+// the listener at addr offered it before. The negotiation runs behind
+// the dial (lazy.go): Dial returns once TCP is connected, as net.Dial
+// does, except WithoutFallback, whose dial must fail when there is no
+// RDMA and so waits for the answer.
 func dialNegotiated(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
-	known, isKnown := lookupServer(addr, name)
-	if isKnown && known.rdma != "" {
-		c, _, err := upgrade(ctx, known.rdma, o, name)
+	if rdmaAddr, ok := lookupServer(addr, name); ok {
+		c, _, err := upgrade(ctx, rdmaAddr, o, name)
 		if err == nil {
 			return c, nil
 		}
@@ -310,12 +282,10 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 			return nil, err
 		}
 		// Gone or changed: negotiate afresh.
-		isKnown = false
 	}
 	var d net.Dialer
-	tc, err := d.DialContext(ctx, "tcp", addr)
+	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		forgetServer(addr, name)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// Nothing on the TCP side: a listener WithoutTCP, or one of
 			// an rdmagrpc older than the TCP side.
@@ -323,57 +293,69 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		}
 		return nil, err
 	}
+	tc := nc.(*net.TCPConn)
+	if !o.noFallback {
+		return dialBehind(tc, addr, o, name), nil
+	}
 	// The dial's context bounds the negotiation: it cuts the socket's
 	// deadline short. A connection returned after that fired is unusable.
-	if isKnown && !o.noFallback {
-		return probe(tc.(*net.TCPConn), addr, known.why, o, name), nil
-	}
 	stop := context.AfterFunc(ctx, func() { tc.SetDeadline(aLongTimeAgo) })
-	nc, err := negotiate(ctx, tc.(*net.TCPConn), addr, o, name)
+	if dl, ok := ctx.Deadline(); ok {
+		tc.SetDeadline(dl)
+	}
+	v, err := settle(ctx, tc, addr, o, name)
 	if !stop() && err == nil {
-		nc.Close()
+		if v.rdma != nil {
+			v.rdma.Close()
+		}
 		err = ctx.Err()
 	}
 	if err != nil {
 		tc.Close()
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
 	}
-	return nc, nil
+	return v.rdma, nil // WithoutFallback: settle never stays on TCP
 }
 
-func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, name string) (net.Conn, error) {
-	if dl, ok := ctx.Deadline(); ok {
-		tc.SetDeadline(dl)
+// verdict is what a negotiation found: an upgraded connection, or the
+// TCP connection stays, with the server's bytes already read and why.
+type verdict struct {
+	rdma   net.Conn
+	replay []byte
+	why    string
+}
+
+// settle is the client's side of a negotiation on tc: our start, the
+// server's answer, and the RDMA dial it offers. Staying on TCP is an
+// ErrNoRDMA error WithoutFallback.
+func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name string) (verdict, error) {
+	stay := func(replay []byte, why string) (verdict, error) {
+		if o.noFallback {
+			return verdict{}, fmt.Errorf("%w: %s", ErrNoRDMA, why)
+		}
+		return verdict{replay: replay, why: why}, nil
 	}
 	if _, err := tc.Write(clientStart(name)); err != nil {
-		return nil, ctxErr(ctx, err)
+		return verdict{}, ctxErr(ctx, fmt.Errorf("negotiation: sending the HTTP/2 preface: %w", err))
 	}
 	var magic [len(replyMagic)]byte
 	n, err := io.ReadFull(tc, magic[:])
-	if err != nil {
-		return nil, ctxErr(ctx, fmt.Errorf("negotiation: the server closed or failed before answering the HTTP/2 preface: %w", err))
-	}
 	if string(magic[:n]) != replyMagic {
+		if n == 0 || (err != nil && replyMagic[:n] == string(magic[:n])) {
+			// Nothing, or cut inside what may be our reply's magic.
+			return verdict{}, ctxErr(ctx, fmt.Errorf("negotiation: the server closed or failed before answering the HTTP/2 preface: %w", err))
+		}
 		// An HTTP/2 server that is not rdmagrpc: what it sent is the
-		// start of its SETTINGS frame, grpc-go's to read.
-		why := "the server is a plain gRPC (HTTP/2) server, not rdmagrpc"
-		if o.noFallback {
-			return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
-		}
-		rememberServer(addr, name, knownServer{why: why})
-		return fellBack(tc, magic[:n], why, o), nil
+		// start of its SETTINGS frame, grpc-go's to read (an error after
+		// it comes again at the next read).
+		return stay(magic[:n], "the server is a plain gRPC (HTTP/2) server, not rdmagrpc")
 	}
-	verdict, payload, err := readReply(tc)
+	kind, payload, err := readReply(tc)
 	if err != nil {
-		return nil, ctxErr(ctx, fmt.Errorf("negotiation: the rdmagrpc server's reply: %w", err))
+		return verdict{}, ctxErr(ctx, fmt.Errorf("negotiation: the rdmagrpc server's reply: %w", err))
 	}
-	if verdict == verdictTCP {
-		why := "the server offers no RDMA: " + payload
-		if o.noFallback {
-			return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
-		}
-		rememberServer(addr, name, knownServer{why: why})
-		return fellBack(tc, nil, why, o), nil
+	if kind == verdictTCP {
+		return stay(nil, "the server offers no RDMA: "+payload)
 	}
 	rdmaAddr := payload
 	var upErr error
@@ -386,11 +368,11 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 			// TIME_WAIT is left on either side.
 			tc.SetLinger(0)
 			tc.Close()
-			rememberServer(addr, name, knownServer{rdma: rdmaAddr})
-			return c, nil
+			rememberServer(addr, name, rdmaAddr)
+			return verdict{rdma: c}, nil
 		}
 		if final(ctx, err) {
-			return nil, err
+			return verdict{}, err
 		}
 		upErr = err
 		// Remember only what costs time to find out again: an address
@@ -400,27 +382,14 @@ func negotiate(ctx context.Context, tc *net.TCPConn, addr string, o *options, na
 			noteFailedUpgrade(rdmaAddr)
 		}
 	}
-	why := fmt.Sprintf("the RDMA upgrade failed: %v", upErr)
-	if o.noFallback {
-		return nil, fmt.Errorf("%w: %s", ErrNoRDMA, why)
+	v, err := stay(nil, fmt.Sprintf("the RDMA upgrade failed: %v", upErr))
+	if err != nil {
+		return v, err
 	}
 	if _, err := tc.Write([]byte{stayTCP}); err != nil {
-		return nil, ctxErr(ctx, err)
+		return verdict{}, ctxErr(ctx, fmt.Errorf("negotiation: staying on TCP: %w", err))
 	}
-	return fellBack(tc, nil, why, o), nil
-}
-
-// probe is a dial to a server known to stay TCP. It asks as a
-// negotiation does, but with the probe hello, which an rdmagrpc listener
-// answers with its verdict and then hands the connection to Accept as TCP
-// without waiting for us. So the dial returns once TCP is connected, our
-// start goes out in place of grpc-go's client preface (no write of its
-// own), and the connection's first read takes the answer.
-func probe(tc *net.TCPConn, addr, why string, o *options, name string) *Conn {
-	c := fellBack(tc, nil, why+" (at an earlier dial)", o)
-	c.tcp.start = clientStartProbe(name)
-	c.tcp.probing = &probing{addr: addr, provider: name}
-	return c
+	return v, nil
 }
 
 // upgrade dials the RDMA address a listener offered, within
@@ -438,15 +407,6 @@ func upgrade(ctx context.Context, rdmaAddr string, o *options, name string) (c n
 func final(ctx context.Context, err error) bool {
 	rej := (*transport.RejectError)(nil)
 	return ctx.Err() != nil || errors.As(err, &rej)
-}
-
-// fellBack makes the client Conn of a TCP connection that stays TCP.
-func fellBack(tc *net.TCPConn, replay []byte, why string, o *options) *Conn {
-	tc.SetDeadline(time.Time{})
-	if l := o.log(); l.Enabled(context.Background(), slog.LevelDebug) {
-		l.Debug("rdmagrpc: connection over TCP", "remote", tc.RemoteAddr().String(), "why", why)
-	}
-	return newTCPConn(telemetry.Client, tc, replay, true, why, o)
 }
 
 // ctxErr prefers the context's error to the deadline it set on the socket.
@@ -524,11 +484,6 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 	}
 	if _, err := tc.Write(encodeReply(verdict, payload)); err != nil {
 		tc.Close()
-		return
-	}
-	if hello == settingProbe {
-		l.probes.Add(1)
-		handOver("the client stays on TCP: it knew this address as a TCP server")
 		return
 	}
 	l.negotiations.Add(1)

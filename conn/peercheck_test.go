@@ -25,6 +25,11 @@ func TestPeerCheckHelper(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := Dial(ctx, addr, WithProvider("shm"))
+	if err == nil {
+		if err = c.(*Conn).Handshake(ctx); err != nil {
+			c.Close()
+		}
+	}
 	if err != nil {
 		fmt.Printf("DIAL-ERR refused=%v: %v\n", errors.Is(err, ErrPeerRefused), err)
 		return
@@ -122,7 +127,11 @@ func TestPeerCheck(t *testing.T) {
 	})
 	t.Run("check narrows", func(t *testing.T) {
 		addr, _ := listen(WithPeerCheck(func(pid, uid, gid int) error { return errors.New("no thanks") }))
-		_, err := Dial(context.Background(), addr, WithProvider("shm"))
+		c, err := Dial(context.Background(), addr, WithProvider("shm"))
+		if err == nil {
+			err = c.(*Conn).Handshake(context.Background())
+			c.Close()
+		}
 		if !errors.Is(err, ErrPeerRefused) || !strings.Contains(err.Error(), "no thanks") {
 			t.Fatalf("dial refused by the check: %v", err)
 		}

@@ -252,16 +252,26 @@ func (c *Conn) track() {
 	liveConns.Unlock()
 }
 
-func (c *Conn) untrack() {
-	a := c.RemoteAddr()
+// trackAs makes c found by a too: the RemoteAddr of the dial's Conn
+// whose negotiation upgraded to c (lazy.go), which grpc-go holds.
+func (c *Conn) trackAs(a net.Addr) {
 	if !byIdentity(a) {
 		return
 	}
 	liveConns.Lock()
-	if liveConns.m[a] == c {
-		delete(liveConns.m, a)
-	}
+	c.alias = a
+	liveConns.m[a] = c
 	liveConns.Unlock()
+}
+
+func (c *Conn) untrack() {
+	liveConns.Lock()
+	defer liveConns.Unlock()
+	for _, a := range [...]net.Addr{c.RemoteAddr(), c.alias} {
+		if byIdentity(a) && liveConns.m[a] == c {
+			delete(liveConns.m, a)
+		}
+	}
 }
 
 func lookupConn(a net.Addr) *Conn {

@@ -89,6 +89,11 @@ type Stats struct {
 
 // Stats returns the connection's counters.
 func (c *Conn) Stats() Stats {
+	if c.tcp != nil && c.tcp.neg != nil {
+		if s, ok := c.statsBehind(); ok {
+			return s
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.tcp != nil {

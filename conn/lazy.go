@@ -1,0 +1,363 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
+)
+
+// The negotiation behind a dial. Dial returns once TCP is connected, as
+// net.Dial does, and a goroutine of the Conn's, which lives for one round
+// trip (or the RDMA dial an offer starts), runs the negotiation. Until
+// its verdict the Conn holds what its user writes, up to maxHeld bytes,
+// and its reads wait; at the verdict it carries on over TCP (the server's
+// bytes replayed, the preface not sent twice) or hands every call to the
+// upgraded connection, which the held bytes reach first. grpc-go's client
+// writes its preface and SETTINGS, then waits for the server's SETTINGS:
+// the negotiation's round trip runs beside that wait instead of before
+// the dial's return.
+
+// maxHeld bounds what a Conn holds before the verdict; a write that does
+// not fit waits for it. grpc-go's first writes (preface, SETTINGS, window
+// update) are under 100 bytes.
+const maxHeld = 32 << 10
+
+// behind is a dial's negotiation and its verdict.
+type behind struct {
+	done chan struct{} // closed at the verdict
+	// Set before done closes, under mu; fixed after.
+	rdma *Conn // the upgraded connection: every call goes to it
+	err  error // the negotiation failed: every call returns it
+	open bool  // stays TCP: the Conn's own TCP side carries on
+	// ready is rdma once the held bytes went to it.
+	ready atomic.Pointer[Conn]
+	// Under the tcpSide's wmu: the held bytes went out (or never will).
+	flushed  bool
+	flushErr error
+
+	mu       sync.Mutex
+	held     []byte
+	rdl, wdl time.Time
+	closed   bool
+	changed  chan struct{} // closed and replaced on a deadline change or Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// dialBehind makes the Conn of a dial whose negotiation on tc runs
+// behind it.
+func dialBehind(tc *net.TCPConn, addr string, o *options, name string) *Conn {
+	c := &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &behind{done: make(chan struct{}), changed: make(chan struct{}), cancel: cancel}
+	c.tcp = &tcpSide{nc: tc, neg: n, strip: len(h2Preface)}
+	n.wg.Add(1)
+	go c.negotiateBehind(ctx, addr, name)
+	return c
+}
+
+func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
+	t, n := c.tcp, c.tcp.neg
+	defer n.wg.Done()
+	defer n.cancel()
+	tc := t.nc.(*net.TCPConn)
+	v, err := settle(ctx, tc, addr, c.o, name)
+	// Writes wait behind the held bytes: t.wmu until they went out.
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	n.mu.Lock()
+	if n.closed && err == nil {
+		if v.rdma != nil {
+			v.rdma.Close()
+		}
+		err = net.ErrClosed
+	}
+	held := n.held
+	n.held = nil
+	var r *Conn
+	switch {
+	case err != nil:
+		n.err = err
+		tc.Close()
+	case v.rdma != nil:
+		r = v.rdma.(*Conn)
+		n.rdma = r
+		// grpc-go knows this connection by our RemoteAddr, which stays
+		// the TCP one: StatsHandler must find the upgraded one by it.
+		r.trackAs(tc.RemoteAddr())
+		r.SetReadDeadline(n.rdl)
+		r.SetWriteDeadline(n.wdl)
+	default:
+		n.open = true
+		t.rmu.Lock()
+		t.replay = v.replay
+		t.rmu.Unlock()
+		tc.SetReadDeadline(n.rdl)
+		tc.SetWriteDeadline(n.wdl)
+		c.openTCP(telemetry.Client, v.why)
+		if l := c.o.log(); l.Enabled(context.Background(), slog.LevelDebug) {
+			l.Debug("rdmagrpc: connection over TCP", "remote", tc.RemoteAddr().String(), "why", v.why)
+		}
+	}
+	close(n.done)
+	n.mu.Unlock()
+
+	switch {
+	case err != nil:
+		n.flushErr = err
+	case len(held) == 0:
+	case r != nil:
+		_, n.flushErr = r.Write(held)
+	default:
+		_, n.flushErr = t.writeLocked(held)
+	}
+	n.flushed = true
+	if r != nil && n.flushErr == nil {
+		n.ready.Store(r)
+	}
+}
+
+// Kinds of wait for the verdict: whose deadline bounds it.
+const (
+	waitRead = iota
+	waitWrite
+	waitNoDeadline
+)
+
+// wait waits for the verdict, within the deadline of kind and ctx (nil:
+// none), and returns the upgraded connection (nil: TCP carries on) or
+// why there is none.
+func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
+	var ctxDone <-chan struct{}
+	if ctx != nil {
+		ctxDone = ctx.Done()
+	}
+	for {
+		select {
+		case <-n.done:
+			return n.rdma, n.err
+		default:
+		}
+		n.mu.Lock()
+		dl, ch, closed := time.Time{}, n.changed, n.closed
+		switch kind {
+		case waitRead:
+			dl = n.rdl
+		case waitWrite:
+			dl = n.wdl
+		}
+		n.mu.Unlock()
+		if closed {
+			return nil, net.ErrClosed
+		}
+		if ctx != nil && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if expired(dl) {
+			return nil, os.ErrDeadlineExceeded
+		}
+		var tm *time.Timer
+		var timeout <-chan time.Time
+		if !dl.IsZero() {
+			tm = time.NewTimer(time.Until(dl))
+			timeout = tm.C
+		}
+		select {
+		case <-n.done:
+		case <-ch:
+		case <-timeout:
+		case <-ctxDone:
+		}
+		if tm != nil {
+			tm.Stop()
+		}
+	}
+}
+
+func (n *behind) broadcastLocked() {
+	close(n.changed)
+	n.changed = make(chan struct{})
+}
+
+// hold keeps b until the verdict if it fits; false: it does not.
+func (n *behind) hold(b []byte) (bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return false, net.ErrClosed
+	}
+	if len(n.held)+len(b) > maxHeld {
+		return false, nil
+	}
+	n.held = append(n.held, b...)
+	return true, nil
+}
+
+func (c *Conn) tcpRead(b []byte) (int, error) {
+	if n := c.tcp.neg; n != nil {
+		if r := n.ready.Load(); r != nil {
+			return r.Read(b)
+		}
+		r, err := n.wait(nil, waitRead)
+		if err != nil {
+			return 0, c.opErr("read", err)
+		}
+		if r != nil {
+			return r.Read(b)
+		}
+	}
+	return c.tcp.read(b)
+}
+
+func (c *Conn) tcpWrite(b []byte) (int, error) {
+	t := c.tcp
+	n := t.neg
+	if n == nil {
+		t.wmu.Lock()
+		defer t.wmu.Unlock()
+		return t.writeLocked(b)
+	}
+	if r := n.ready.Load(); r != nil {
+		return r.Write(b)
+	}
+	for {
+		t.wmu.Lock()
+		if n.flushed {
+			break
+		}
+		ok, err := n.hold(b)
+		t.wmu.Unlock()
+		if err != nil {
+			return 0, c.opErr("write", err)
+		}
+		if ok {
+			return len(b), nil
+		}
+		if _, err := n.wait(nil, waitWrite); err != nil {
+			return 0, c.opErr("write", err)
+		}
+	}
+	defer t.wmu.Unlock()
+	switch {
+	case n.flushErr != nil:
+		return 0, c.opErr("write", n.flushErr)
+	case n.rdma != nil:
+		return n.rdma.Write(b)
+	}
+	return t.writeLocked(b)
+}
+
+// Handshake waits until the connection knows what it runs on: the
+// negotiation behind its dial (see Dial) upgraded it to RDMA, or it
+// carries on over TCP, and what was written before went out. It returns
+// why neither, such as a listener's refusal or a server that closed.
+// Read, Write and Stats wait for the negotiation themselves, as
+// crypto/tls's Conn does its handshake; Handshake is for a caller that
+// wants its outcome, or an error, at a point of its choosing. A
+// connection that never negotiated returns nil at once.
+func (c *Conn) Handshake(ctx context.Context) error {
+	if c.tcp == nil || c.tcp.neg == nil {
+		return nil
+	}
+	if _, err := c.settled(ctx); err != nil {
+		return c.opErr("handshake", err)
+	}
+	return nil
+}
+
+// settled waits for the verdict with no deadline but ctx (nil: none) and
+// Close, and for the held bytes to go out: what follows needs the final
+// connection.
+func (c *Conn) settled(ctx context.Context) (*Conn, error) {
+	n := c.tcp.neg
+	r, err := n.wait(ctx, waitNoDeadline)
+	if err != nil {
+		return nil, err
+	}
+	c.tcp.wmu.Lock()
+	err = n.flushErr
+	c.tcp.wmu.Unlock()
+	return r, err
+}
+
+func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
+	if n := c.tcp.neg; n != nil {
+		n.mu.Lock()
+		r, open := n.rdma, n.open
+		if r == nil && !open {
+			if read {
+				n.rdl = t
+			}
+			if write {
+				n.wdl = t
+			}
+			n.broadcastLocked()
+			n.mu.Unlock()
+			return nil
+		}
+		n.mu.Unlock()
+		if r != nil {
+			switch {
+			case read && write:
+				return r.SetDeadline(t)
+			case read:
+				return r.SetReadDeadline(t)
+			}
+			return r.SetWriteDeadline(t)
+		}
+	}
+	switch {
+	case read && write:
+		return c.tcp.nc.SetDeadline(t)
+	case read:
+		return c.tcp.nc.SetReadDeadline(t)
+	}
+	return c.tcp.nc.SetWriteDeadline(t)
+}
+
+// closeBehind is Close of a dial's Conn.
+func (c *Conn) closeBehind() error {
+	n := c.tcp.neg
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	n.closed = true
+	n.broadcastLocked()
+	r, open := n.rdma, n.open
+	n.mu.Unlock()
+	n.cancel()
+	var err error
+	switch {
+	case r != nil:
+		err = r.Close() // also ends a write of the held bytes
+	case open:
+		err = c.tcpClose()
+	default:
+		// Ends the negotiation's reads and writes; it sees closed and
+		// closes the socket (and an upgraded connection) itself.
+		c.tcp.nc.SetDeadline(aLongTimeAgo)
+	}
+	n.wg.Wait()
+	return err
+}
+
+// statsBehind is Stats of a dial's Conn: it waits for the verdict.
+func (c *Conn) statsBehind() (Stats, bool) {
+	r, err := c.tcp.neg.wait(nil, waitNoDeadline)
+	switch {
+	case err != nil:
+		return Stats{ProviderReason: fmt.Sprintf("no connection: the negotiation failed: %v", err)}, true
+	case r != nil:
+		return r.Stats(), true
+	}
+	return Stats{}, false
+}
