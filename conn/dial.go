@@ -102,9 +102,9 @@ type Listener struct {
 	// negotiations counts the TCP connections that spoke our SETTINGS
 	// parameter (tests: a known server is dialed directly).
 	negotiations atomic.Int64
-	dev    transport.Device
-	name   string
-	o      *options
+	dev          transport.Device
+	name         string
+	o            *options
 	// backlog holds a token per connection being set up or set up and
 	// not yet taken by Accept: each holds a queue pair and registered
 	// memory, so a burst of dials must not pin them without bound.
