@@ -15,12 +15,13 @@ import (
 )
 
 // What a connection costs to open, against a server in a child process:
-// the transport's own dial (TCP: net.Dial; rdmagrpc: TCP, negotiation and
-// the RDMA set-up), and dial to the first answered RPC on a new
-// grpc.ClientConn. Against the TCP server, a plain grpc-go one, the same
-// for conn.Dial: the fall-back of an rdmagrpc client to a server that has
-// not adopted it (issue 18: ≤ 1.5× a TCP dial): a first dial, which
-// negotiates, and the dials after it, which know the server stays TCP.
+// the transport's own dial (TCP: net.Dial; rdmagrpc: to a listener it
+// negotiated with before, RDMA directly), and dial to the first answered
+// RPC on a new grpc.ClientConn; for rdmagrpc also a first dial, which
+// negotiates over TCP behind the dial and upgrades. Against the TCP
+// server, a plain grpc-go one, the same for conn.Dial: the fall-back of an
+// rdmagrpc client to a server that has not adopted it (issue 18: ≤ 1.5× a
+// TCP dial).
 const (
 	dialSamples = 200
 	rpcSamples  = 50
@@ -28,8 +29,10 @@ const (
 
 func rowDial() string            { return row2("dial p50") }
 func rowDialRPC() string         { return row2("dial to first RPC p50") }
+func rowFirstDial() string       { return row2("first dial p50") }
+func rowFirstDialRPC() string    { return row2("first dial to first RPC p50") }
 func rowFallbackDial() string    { return row2("rdmagrpc fall-back dial p50") }
-func rowFallbackFirst() string   { return row2("rdmagrpc fall-back first dial p50") }
+func rowFallbackVerdict() string { return row2("rdmagrpc fall-back dial to the verdict p50") }
 func rowFallbackDialRPC() string { return row2("rdmagrpc fall-back dial to first RPC p50") }
 
 func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error {
@@ -42,27 +45,56 @@ func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error 
 		rep.add(row, t.name, d.Seconds())
 		return nil
 	}
-	if err := add(rowDial(), medianDial, t.dial); err != nil {
+	dial := t.dial
+	if t.name == RDMA {
+		// To a connection over RDMA, not a dial whose negotiation still
+		// runs (the first, which finds the listener).
+		dial = handshake(dial)
+	}
+	if err := add(rowDial(), medianDial, dial); err != nil {
 		return err
 	}
 	if err := add(rowDialRPC(), medianFirstRPC, t.dial); err != nil {
 		return err
 	}
-	if t.name != TCP {
-		return nil
-	}
-	fallback := conn.Dialer(rep.Config.ConnOptions...)
+	// A dial that has not seen the server: what the first dial of a
+	// process to each server costs.
+	d := conn.Dialer(rep.Config.ConnOptions...)
 	first := func(ctx context.Context, addr string) (net.Conn, error) {
 		conn.ForgetServers()
-		return fallback(ctx, addr)
+		return d(ctx, addr)
 	}
-	if err := add(rowFallbackFirst(), medianDial, first); err != nil {
-		return err
+	switch t.name {
+	case TCP:
+		if err := add(rowFallbackDial(), medianDial, first); err != nil {
+			return err
+		}
+		if err := add(rowFallbackVerdict(), medianDial, handshake(first)); err != nil {
+			return err
+		}
+		return add(rowFallbackDialRPC(), medianFirstRPC, first)
+	case RDMA:
+		if err := add(rowFirstDial(), medianDial, handshake(first)); err != nil {
+			return err
+		}
+		return add(rowFirstDialRPC(), medianFirstRPC, first)
 	}
-	if err := add(rowFallbackDial(), medianDial, fallback); err != nil {
-		return err
+	return nil
+}
+
+// handshake is dial followed by the wait for the negotiation's verdict.
+func handshake(dial func(context.Context, string) (net.Conn, error)) func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.(*conn.Conn).Handshake(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
 	}
-	return add(rowFallbackDialRPC(), medianFirstRPC, fallback)
 }
 
 func medianDial(ctx context.Context, dial func(context.Context, string) (net.Conn, error), addr string) (time.Duration, error) {

@@ -35,6 +35,14 @@ func setup(opts []Option) (*options, string, transport.Device, error) {
 // there offers it (negotiate.go); to a plain gRPC server, or when RDMA
 // cannot be had, the connection stays TCP (Stats().Provider "tcp"), unless
 // WithoutFallback. WithoutTCP dials RDMA directly.
+//
+// Dial returns once TCP is connected: the negotiation runs behind it, as
+// a crypto/tls Conn's handshake does, and its outcome (an upgrade, TCP,
+// or an error such as a listener's refusal) comes with the first Read,
+// Write or Stats, or from Handshake. A dial to a listener that offered
+// RDMA before goes to it directly and returns when the RDMA connection
+// is set up; so does every dial WithoutFallback, whose error must come
+// from Dial.
 func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 	o, name, _, err := setup(opts)
 	if err != nil {
