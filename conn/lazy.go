@@ -73,7 +73,9 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	n.mu.Lock()
-	if n.closed && err == nil {
+	if n.closed {
+		// Close ended it: what a waiting call returns says so, not the
+		// failure Close caused.
 		if v.rdma != nil {
 			v.rdma.Close()
 		}
