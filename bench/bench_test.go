@@ -65,12 +65,19 @@ func TestSmoke(t *testing.T) {
 	if rep.Steady.Err != nil || rep.Steady.Registrations != 0 {
 		t.Errorf("steady state: %+v", rep.Steady)
 	}
+	if len(rep.Idle) != 4 {
+		t.Errorf("%d idle results, want raw and gRPC for TCP and rdmagrpc", len(rep.Idle))
+	}
 	for _, i := range rep.Idle {
 		if i.Err != nil || i.Held != 3 {
 			t.Errorf("idle %s: %d held: %v", i.Transport, i.Held, i.Err)
 		}
-		if line := find(md, "| 3 | "+strings.Replace(i.Transport, RDMA, "rdmagrpc (", 1)); line == "" {
-			t.Errorf("no idle row for %s", i.Transport)
+		kind := "raw"
+		if i.GRPC {
+			kind = "gRPC"
+		}
+		if line := find(md, "| 3 | "+kind+" | "+strings.Replace(i.Transport, RDMA, "rdmagrpc (", 1)); line == "" {
+			t.Errorf("no idle row for %s %s", kind, i.Transport)
 		} else if !strings.Contains(line, " / ") {
 			t.Errorf("idle row without goroutines per connection: %s", line)
 		}

@@ -16,6 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+
 	"github.com/rdmagrpc/rdmagrpc/conn"
 )
 
@@ -25,6 +29,9 @@ import (
 // files limit).
 type IdleResult struct {
 	Transport string
+	// GRPC: each connection is a grpc.ClientConn that made one 64 B RPC
+	// to a grpc-go server in the child; else a raw net.Conn.
+	GRPC      bool
 	Want      int
 	Held      int           // connections established, both ends
 	Err       error         // why fewer than Want were held
@@ -44,6 +51,7 @@ type IdleResult struct {
 // TestMain), turns a process started by idle into the server.
 const (
 	idleEnv  = "RDMABENCH_IDLE_SERVER" // the transport to listen on
+	grpcEnv  = "RDMABENCH_IDLE_GRPC"   // set: serve gRPC on it
 	provEnv  = "RDMAGRPC_PROVIDER"     // conn's own variable
 	reportOp = "report"
 )
@@ -95,24 +103,32 @@ func serveIdle(name string, in io.Reader, out io.Writer) error {
 		held    []net.Conn
 		lastErr error
 	)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
-					return
-				}
-				mu.Lock()
-				lastErr = err // EMFILE and the like: keep serving
-				mu.Unlock()
-				time.Sleep(time.Millisecond)
-				continue
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
+	rec := &recorder{Listener: l, onAccept: func(c net.Conn, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			lastErr = err
+			return
 		}
-	}()
+		held = append(held, c)
+	}}
+	if os.Getenv(grpcEnv) != "" {
+		srv := grpc.NewServer()
+		testgrpc.RegisterBenchmarkServiceServer(srv, service{})
+		go srv.Serve(rec)
+		defer srv.Stop()
+	} else {
+		go func() {
+			for {
+				if _, err := rec.Accept(); err != nil {
+					if errors.Is(err, net.ErrClosed) {
+						return
+					}
+					time.Sleep(time.Millisecond) // EMFILE and the like: keep serving
+				}
+			}
+		}()
+	}
 	fmt.Fprintln(out, l.Addr().String())
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -130,6 +146,20 @@ func serveIdle(name string, in io.Reader, out io.Writer) error {
 		fmt.Fprintf(out, "%d %d %d %d %s\n", len(conns), r, registered(conns), settledGoroutines(), e)
 	}
 	return nil
+}
+
+// recorder tells onAccept of every accepted connection or error.
+type recorder struct {
+	net.Listener
+	onAccept func(net.Conn, error)
+}
+
+func (r *recorder) Accept() (net.Conn, error) {
+	c, err := r.Listener.Accept()
+	if err == nil || !errors.Is(err, net.ErrClosed) {
+		r.onAccept(c, err)
+	}
+	return c, err
 }
 
 func registered(conns []net.Conn) int64 {
@@ -157,20 +187,23 @@ type childReport struct {
 	err        string
 }
 
-func startChild(name, provider string) (*child, error) {
+func startChild(name, provider string, gRPC bool) (*child, error) {
+	if gRPC {
+		return spawn(idleEnv+"="+name, provider, grpcEnv+"=1")
+	}
 	return spawn(idleEnv+"="+name, provider)
 }
 
 // spawn starts this executable as one of the bench's children, env
 // saying which, with the rdmagrpc provider of the run, and reads the
 // address line it prints once it listens.
-func spawn(env, provider string) (*child, error) {
+func spawn(env, provider string, more ...string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), env)
+	cmd.Env = append(append(os.Environ(), env), more...)
 	if provider != "" {
 		cmd.Env = append(cmd.Env, provEnv+"="+provider)
 	}
@@ -224,11 +257,12 @@ func (c *child) stop() {
 	c.cmd.Wait()
 }
 
-// idle opens n connections of t to a child process, one at a time, and
+// idle opens n connections of t to a child process, one at a time (raw
+// net.Conns, or gRPC client connections that made one RPC each), and
 // measures them idle in both processes.
-func idle(ctx context.Context, t network, provider string, n int) IdleResult {
-	res := IdleResult{Transport: t.name, Want: n}
-	ch, err := startChild(t.name, provider)
+func idle(ctx context.Context, t network, provider string, n int, gRPC bool) IdleResult {
+	res := IdleResult{Transport: t.name, GRPC: gRPC, Want: n}
+	ch, err := startChild(t.name, provider, gRPC)
 	if err != nil {
 		res.Err = err
 		return res
@@ -240,18 +274,34 @@ func idle(ctx context.Context, t network, provider string, n int) IdleResult {
 		return res
 	}
 	rss0, g0 := settledRSS(), settledGoroutines()
-	dialed := make([]net.Conn, 0, n)
-	defer func() { closeAll(dialed) }()
+	var dialed []net.Conn
+	var ccs []*grpc.ClientConn
+	defer func() {
+		for _, cc := range ccs {
+			cc.Close()
+		}
+		closeAll(dialed)
+	}()
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := t.dial(ctx, addr)
+		if err == nil {
+			dialed = append(dialed, c)
+		}
+		return c, err
+	}
 	start := time.Now()
-	for range n {
+	for i := range n {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err := t.dial(dctx, ch.addr)
+		if gRPC {
+			err = idleRPC(dctx, ch.addr, dial, &ccs)
+		} else {
+			_, err = dial(dctx, ch.addr)
+		}
 		cancel()
 		if err != nil {
-			res.Err = fmt.Errorf("dial %d: %w", len(dialed)+1, err)
+			res.Err = fmt.Errorf("connection %d: %w", i+1, err)
 			break
 		}
-		dialed = append(dialed, c)
 	}
 	// Every dialed connection's other end must be accepted.
 	var after childReport
@@ -267,6 +317,9 @@ func idle(ctx context.Context, t network, provider string, n int) IdleResult {
 	res.Setup = time.Since(start)
 	rss1, g1 := settledRSS(), settledGoroutines()
 	res.Held = min(len(dialed), after.held)
+	if gRPC {
+		res.Held = min(res.Held, len(ccs))
+	}
 	if res.Err == nil && res.Held < n {
 		res.Err = fmt.Errorf("%d dialed, %d accepted", len(dialed), after.held)
 	}
@@ -282,6 +335,20 @@ func idle(ctx context.Context, t network, provider string, n int) IdleResult {
 		res.RegPerSide = float64(registered(dialed)+after.reg) / (2 * h)
 	}
 	return res
+}
+
+// idleRPC opens a gRPC client connection with dial (one connection:
+// passthrough, no retries behind our back), makes one 64 B RPC on it and
+// keeps it in ccs.
+func idleRPC(ctx context.Context, addr string, dial func(context.Context, string) (net.Conn, error), ccs *[]*grpc.ClientConn) error {
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithContextDialer(dial),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	*ccs = append(*ccs, cc)
+	_, err = testgrpc.NewBenchmarkServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseSize: 64, Payload: &testgrpc.Payload{Body: body(64)}})
+	return err
 }
 
 // closeAll closes conns, a few at a time.

@@ -161,10 +161,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	cfg.logf("steady state: registrations\n")
 	rep.Steady = steady(ctx, rep.Provider, &cfg, cfg.BenchTime)
-	for _, n := range cfg.Idle {
-		for _, t := range []network{ts[0], ts[2]} {
-			cfg.logf("idle: %d %s connections\n", n, t.name)
-			rep.Idle = append(rep.Idle, idle(ctx, t, cfg.Provider, n))
+	for _, gRPC := range []bool{false, true} {
+		for _, n := range cfg.Idle {
+			for _, t := range []network{ts[0], ts[2]} {
+				kind := "raw"
+				if gRPC {
+					kind = "gRPC"
+				}
+				cfg.logf("idle: %d %s %s connections\n", n, kind, t.name)
+				rep.Idle = append(rep.Idle, idle(ctx, t, cfg.Provider, n, gRPC))
+			}
 		}
 	}
 	if cfg.Fleet > 0 {

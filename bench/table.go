@@ -130,9 +130,9 @@ func (r *Report) Markdown(w io.Writer) {
 	}
 
 	if len(r.Idle) > 0 {
-		fmt.Fprintf(w, "\nIdle connections, dialed one at a time to a server in a child process; RSS growth per connection of each process, after a GC:\n\n")
-		fmt.Fprintf(w, "| connections | transport | held | set-up | RSS per connection, client | RSS per connection, server | goroutines per connection, client / server | registered per side |\n")
-		fmt.Fprintf(w, "|---:|---|---|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "\nIdle connections, opened one at a time to a server in a child process (raw: net.Conns; gRPC: a grpc.ClientConn each, which made one 64 B RPC, to a grpc-go server); RSS growth per connection of each process, after a GC:\n\n")
+		fmt.Fprintf(w, "| connections | kind | transport | held | set-up | RSS per connection, client | RSS per connection, server | goroutines per connection, client / server | registered per side |\n")
+		fmt.Fprintf(w, "|---:|---|---|---|---:|---:|---:|---:|---:|\n")
 		for _, i := range r.Idle {
 			held := thousands(float64(i.Held))
 			if i.Err != nil {
@@ -146,7 +146,11 @@ func (r *Report) Markdown(w io.Writer) {
 			if name == RDMA {
 				name = rd
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %v | %s | %s | %.2f / %.2f | %s |\n", thousands(float64(i.Want)), name, held,
+			kind := "raw"
+			if i.GRPC {
+				kind = "gRPC"
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %v | %s | %s | %.2f / %.2f | %s |\n", thousands(float64(i.Want)), kind, name, held,
 				i.Setup.Round(time.Millisecond), kib(i.RSSClient), kib(i.RSSServer), i.GoroutinesClient, i.GoroutinesServer, reg)
 		}
 	}
@@ -215,10 +219,51 @@ func (r *Report) Goals() []Goal {
 		}
 		gs = append(gs, Goal{fmt.Sprintf("%s idle connections held", thousands(float64(most))), got, held == most && len(failed) == 0})
 	}
+	gs = append(gs, r.idleGoals()...)
 	if r.Steady.Err == nil {
 		gs = append(gs, Goal{"0 registrations in steady state", fmt.Sprint(r.Steady.Registrations), r.Steady.Registrations == 0})
 	} else {
 		gs = append(gs, Goal{"0 registrations in steady state", "not measured: " + oneLine(r.Steady.Err.Error()), false})
+	}
+	return gs
+}
+
+// idleGoals judges the idle figures against issue 16, at the largest
+// count measured of each kind: rdmagrpc against TCP in the same run.
+func (r *Report) idleGoals() []Goal {
+	var gs []Goal
+	for _, gRPC := range []bool{false, true} {
+		var tcp, rdma *IdleResult
+		for i := range r.Idle {
+			x := &r.Idle[i]
+			if x.GRPC != gRPC || x.Err != nil {
+				continue
+			}
+			switch {
+			case x.Transport == TCP && (tcp == nil || x.Want > tcp.Want):
+				tcp = x
+			case x.Transport == RDMA && (rdma == nil || x.Want > rdma.Want):
+				rdma = x
+			}
+		}
+		if tcp == nil || rdma == nil || tcp.Want != rdma.Want {
+			continue
+		}
+		at := fmt.Sprintf(" (%s held)", thousands(float64(rdma.Want)))
+		if !gRPC {
+			worst := max(rdma.RSSClient, rdma.RSSServer)
+			gs = append(gs, Goal{"RSS per idle raw connection end ≤ 8 KiB registered + 4 KiB (issue 16)" + at,
+				kib(rdma.RSSClient) + " / " + kib(rdma.RSSServer), worst <= 12<<10})
+			gs = append(gs, Goal{"≤ 0.1 goroutines per idle raw connection end (issue 16)" + at,
+				fmt.Sprintf("%.2f / %.2f", rdma.GoroutinesClient, rdma.GoroutinesServer), max(rdma.GoroutinesClient, rdma.GoroutinesServer) <= 0.1})
+			continue
+		}
+		gs = append(gs, Goal{"RSS per idle gRPC connection ≤ TCP's + 16 KiB on each side (issue 16)" + at,
+			fmt.Sprintf("%s / %s (TCP %s / %s)", kib(rdma.RSSClient), kib(rdma.RSSServer), kib(tcp.RSSClient), kib(tcp.RSSServer)),
+			rdma.RSSClient <= tcp.RSSClient+16<<10 && rdma.RSSServer <= tcp.RSSServer+16<<10})
+		gs = append(gs, Goal{"goroutines per idle gRPC connection: none beyond grpc-go's own (issue 16)" + at,
+			fmt.Sprintf("%.2f / %.2f (TCP %.2f / %.2f)", rdma.GoroutinesClient, rdma.GoroutinesServer, tcp.GoroutinesClient, tcp.GoroutinesServer),
+			rdma.GoroutinesClient <= tcp.GoroutinesClient+0.1 && rdma.GoroutinesServer <= tcp.GoroutinesServer+0.1})
 	}
 	return gs
 }
