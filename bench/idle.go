@@ -31,11 +31,11 @@ type IdleResult struct {
 	Transport string
 	// GRPC: each connection is a grpc.ClientConn that made one 64 B RPC
 	// to a grpc-go server in the child; else a raw net.Conn.
-	GRPC      bool
-	Want      int
-	Held      int           // connections established, both ends
-	Err       error         // why fewer than Want were held
-	Setup     time.Duration // to establish Held connections
+	GRPC  bool
+	Want  int
+	Held  int           // connections established, both ends
+	Err   error         // why fewer than Want were held
+	Setup time.Duration // to establish Held connections
 	// RSS growth per connection of the client and of the server process
 	// (after a GC that returns freed memory).
 	RSSClient, RSSServer float64
