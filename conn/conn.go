@@ -315,6 +315,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
+	return c.readRLocked(b)
+}
+
+// readRLocked is Read, c.rmu held.
+func (c *Conn) readRLocked(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {

@@ -1,0 +1,116 @@
+package conn
+
+import (
+	"io"
+	"os"
+	"syscall"
+
+	"google.golang.org/grpc/mem"
+)
+
+// An idle gRPC connection should not pin a read buffer. grpc-go's framer
+// reads through a 32 KiB bufio.Reader per connection, held for the
+// connection's life, unless the net.Conn can say when it is readable:
+// then it takes a buffer from a pool only when data is there, and gives
+// it back once the framer has consumed it. It asks a net.Conn for that by
+// this method (grpc-go's transport/readyreader.Reader; its own net.TCPConn
+// support reads through syscall.RawConn the same way). Measured here: an
+// idle gRPC connection over rdmagrpc held 32 KiB more per end than one
+// over TCP, which grpc-go already serves this way.
+
+// The method grpc-go looks for (its package is internal: the interface is
+// restated here so that a change of its shape fails the build).
+var _ interface {
+	ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error)
+} = (*Conn)(nil)
+
+// ReadOnReady waits until the connection is readable (data, EOF or an
+// error, within the read deadline), then takes a buffer of bufSize from
+// pool and reads into it. It returns the buffer, which the caller puts
+// back in pool, and the bytes read; on an error, no buffer.
+func (c *Conn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+	if c.tcp != nil {
+		return c.tcpReadOnReady(bufSize, pool)
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.mu.Lock()
+	for !c.closed && !expired(c.rdl) && len(c.recvQ) == 0 && !c.eofIn && c.err == nil {
+		c.waitLocked(c.changed, c.rdl)
+	}
+	c.mu.Unlock()
+	return readInto(bufSize, pool, c.readRLocked)
+}
+
+// readInto reads with read into a buffer from pool until it has bytes or
+// an error.
+func readInto(bufSize int, pool mem.BufferPool, read func([]byte) (int, error)) (*[]byte, int, error) {
+	buf := pool.Get(bufSize)
+	for {
+		n, err := read(*buf)
+		switch {
+		case n > 0:
+			return buf, n, err
+		case err != nil:
+			pool.Put(buf)
+			return nil, 0, err
+		}
+	}
+}
+
+func (c *Conn) tcpReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+	t := c.tcp
+	if n := t.neg; n != nil {
+		r := n.ready.Load()
+		if r == nil {
+			var err error
+			if r, err = n.wait(nil, waitRead); err != nil {
+				return nil, 0, c.opErr("read", err)
+			}
+		}
+		if r != nil {
+			return r.ReadOnReady(bufSize, pool)
+		}
+	}
+	t.rmu.Lock()
+	replay := len(t.replay) > 0
+	t.rmu.Unlock()
+	sc, ok := t.nc.(syscall.Conn)
+	if replay || !ok {
+		return readInto(bufSize, pool, t.read)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return readInto(bufSize, pool, t.read)
+	}
+	var (
+		buf  *[]byte
+		n    int
+		rerr error
+	)
+	// The buffer is taken when the socket is readable and given back if
+	// the read would block after all.
+	err = raw.Read(func(fd uintptr) bool {
+		buf = pool.Get(bufSize)
+		n, rerr = syscall.Read(int(fd), *buf)
+		if rerr != nil {
+			pool.Put(buf)
+			buf = nil
+			return rerr != syscall.EAGAIN
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		if buf != nil {
+			pool.Put(buf)
+		}
+		return nil, 0, c.opErr("read", err)
+	case rerr != nil:
+		return nil, 0, c.opErr("read", os.NewSyscallError("read", rerr))
+	case n == 0:
+		pool.Put(buf)
+		return nil, 0, io.EOF
+	}
+	return buf, n, nil
+}
