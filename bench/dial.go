@@ -66,13 +66,15 @@ func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error 
 	}
 	switch t.name {
 	case TCP:
-		if err := add(rowFallbackDial(), medianDial, first); err != nil {
+		// A server that stays TCP is not remembered: every dial to it is
+		// a first one.
+		if err := add(rowFallbackDial(), medianDial, d); err != nil {
 			return err
 		}
-		if err := add(rowFallbackVerdict(), medianDial, handshake(first)); err != nil {
+		if err := add(rowFallbackVerdict(), medianDial, handshake(d)); err != nil {
 			return err
 		}
-		return add(rowFallbackDialRPC(), medianFirstRPC, first)
+		return add(rowFallbackDialRPC(), medianFirstRPC, d)
 	case RDMA:
 		if err := add(rowFirstDial(), medianDial, handshake(first)); err != nil {
 			return err

@@ -1,8 +1,10 @@
 package conn
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 
@@ -51,7 +53,7 @@ func pickProvider(o *options) (string, transport.Device, error) {
 	}
 	if name == "" {
 		name, why = "shm", "no RDMA device"
-		if _, err := transport.Get("verbs"); err == nil {
+		if transport.Registered("verbs") {
 			_, err := openDevice("verbs")
 			switch {
 			case err == nil:
@@ -68,6 +70,8 @@ func pickProvider(o *options) (string, transport.Device, error) {
 		return "", nil, err
 	}
 	o.providerWhy = why
-	o.log().Debug("rdmagrpc: transport provider chosen", "provider", name, "why", why, "device", d.Name())
+	if l := o.log(); l.Enabled(context.Background(), slog.LevelDebug) {
+		l.Debug("rdmagrpc: transport provider chosen", "provider", name, "why", why, "device", d.Name())
+	}
 	return name, d, nil
 }

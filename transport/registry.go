@@ -37,6 +37,15 @@ func Get(name string) (Provider, error) {
 	return p, nil
 }
 
+// Registered says whether a provider of that name is registered; unlike
+// Get it builds no error, for a caller that asks on every dial.
+func Registered(name string) bool {
+	mu.RLock()
+	defer mu.RUnlock()
+	_, ok := providers[name]
+	return ok
+}
+
 // Providers returns the names of the registered providers, sorted.
 func Providers() []string {
 	mu.RLock()
