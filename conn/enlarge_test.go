@@ -2,6 +2,7 @@ package conn
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -37,7 +38,7 @@ func unwrap(t testing.TB, nc net.Conn) *Conn {
 	if c.tcp == nil || c.tcp.neg == nil {
 		return c
 	}
-	r, err := c.settled(nil)
+	r, err := c.settled(context.Background())
 	if err != nil {
 		t.Fatalf("the dial's negotiation: %v", err)
 	}

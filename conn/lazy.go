@@ -133,14 +133,10 @@ const (
 	waitNoDeadline
 )
 
-// wait waits for the verdict, within the deadline of kind and ctx (nil:
-// none), and returns the upgraded connection (nil: TCP carries on) or
-// why there is none.
+// wait waits for the verdict, within the deadline of kind and ctx, and
+// returns the upgraded connection (nil: TCP carries on) or why there is
+// none.
 func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
-	var ctxDone <-chan struct{}
-	if ctx != nil {
-		ctxDone = ctx.Done()
-	}
 	for {
 		select {
 		case <-n.done:
@@ -159,8 +155,8 @@ func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
 		if closed {
 			return nil, net.ErrClosed
 		}
-		if ctx != nil && ctx.Err() != nil {
-			return nil, ctx.Err()
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
 		if expired(dl) {
 			return nil, os.ErrDeadlineExceeded
@@ -175,7 +171,7 @@ func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
 		case <-n.done:
 		case <-ch:
 		case <-timeout:
-		case <-ctxDone:
+		case <-ctx.Done():
 		}
 		if tm != nil {
 			tm.Stop()
@@ -207,7 +203,7 @@ func (c *Conn) tcpRead(b []byte) (int, error) {
 		if r := n.ready.Load(); r != nil {
 			return r.Read(b)
 		}
-		r, err := n.wait(nil, waitRead)
+		r, err := n.wait(context.Background(), waitRead)
 		if err != nil {
 			return 0, c.opErr("read", err)
 		}
@@ -242,7 +238,7 @@ func (c *Conn) tcpWrite(b []byte) (int, error) {
 		if ok {
 			return len(b), nil
 		}
-		if _, err := n.wait(nil, waitWrite); err != nil {
+		if _, err := n.wait(context.Background(), waitWrite); err != nil {
 			return 0, c.opErr("write", err)
 		}
 	}
@@ -274,8 +270,7 @@ func (c *Conn) Handshake(ctx context.Context) error {
 	return nil
 }
 
-// settled waits for the verdict with no deadline but ctx (nil: none) and
-// Close, and for the held bytes to go out: what follows needs the final
+// settled waits for the verdict with no deadline but ctx and Close, and for the held bytes to go out: what follows needs the final
 // connection.
 func (c *Conn) settled(ctx context.Context) (*Conn, error) {
 	n := c.tcp.neg
@@ -354,7 +349,7 @@ func (c *Conn) closeBehind() error {
 
 // statsBehind is Stats of a dial's Conn: it waits for the verdict.
 func (c *Conn) statsBehind() (Stats, bool) {
-	r, err := c.tcp.neg.wait(nil, waitNoDeadline)
+	r, err := c.tcp.neg.wait(context.Background(), waitNoDeadline)
 	switch {
 	case err != nil:
 		return Stats{ProviderReason: fmt.Sprintf("no connection: the negotiation failed: %v", err)}, true

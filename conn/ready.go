@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"io"
 	"os"
 	"syscall"
@@ -64,7 +65,7 @@ func (c *Conn) tcpReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, e
 		r := n.ready.Load()
 		if r == nil {
 			var err error
-			if r, err = n.wait(nil, waitRead); err != nil {
+			if r, err = n.wait(context.Background(), waitRead); err != nil {
 				return nil, 0, c.opErr("read", err)
 			}
 		}

@@ -111,7 +111,7 @@ func (c *Conn) tcpWriteBuffers(v net.Buffers) (int64, error) {
 
 func (c *Conn) tcpCloseWrite() error {
 	if c.tcp.neg != nil {
-		r, err := c.settled(nil)
+		r, err := c.settled(context.Background())
 		if err != nil {
 			return c.opErr("close write", err)
 		}
@@ -128,7 +128,7 @@ func (c *Conn) tcpCloseWrite() error {
 
 func (c *Conn) tcpSetLinger(sec int) error {
 	if c.tcp.neg != nil {
-		r, err := c.settled(nil)
+		r, err := c.settled(context.Background())
 		if err != nil {
 			return c.opErr("set", err)
 		}
