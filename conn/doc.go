@@ -16,6 +16,9 @@
 // rdmagrpc with the same provider (negotiate.go, SMC-R's scheme over an
 // HTTP/2 SETTINGS extension); otherwise it stays TCP, with no time-out on
 // the way, and Stats().Provider says "tcp". WithoutTCP, WithoutFallback.
+// The negotiation runs behind Dial, which returns once TCP is connected;
+// its outcome comes with the first Read, Write or Stats, or from
+// Handshake (lazy.go).
 //
 // Each connection owns a protection domain, so a peer's queue pair can
 // never reach another connection's memory.
