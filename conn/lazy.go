@@ -32,18 +32,24 @@ const maxHeld = 32 << 10
 // behind is a dial's negotiation and its verdict.
 type behind struct {
 	done chan struct{} // closed at the verdict
-	// Set before done closes, under mu; fixed after.
+	// out is closed once the held bytes went out (or never will): until
+	// then writes wait, and the write deadline is kept here, since the
+	// held bytes were taken by writes that returned and no later
+	// deadline may cut them.
+	out chan struct{}
+	// Set under mu before done closes, fixed after.
 	rdma *Conn // the upgraded connection: every call goes to it
 	err  error // the negotiation failed: every call returns it
 	open bool  // stays TCP: the Conn's own TCP side carries on
+	// Set under mu before out closes, fixed after: why the held bytes
+	// did not all go out (every later write returns it).
+	flushErr error
 	// ready is rdma once the held bytes went to it.
 	ready atomic.Pointer[Conn]
-	// Under the tcpSide's wmu: the held bytes went out (or never will).
-	flushed  bool
-	flushErr error
 
 	mu       sync.Mutex
 	held     []byte
+	flushed  bool // out is closed
 	rdl, wdl time.Time
 	closed   bool
 	changed  chan struct{} // closed and replaced on a deadline change or Close
@@ -56,7 +62,7 @@ type behind struct {
 func dialBehind(tc *net.TCPConn, addr string, o *options, name string) *Conn {
 	c := &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &behind{done: make(chan struct{}), changed: make(chan struct{}), cancel: cancel}
+	n := &behind{done: make(chan struct{}), out: make(chan struct{}), changed: make(chan struct{}), cancel: cancel}
 	c.tcp = &tcpSide{nc: tc, neg: n, strip: len(h2Preface)}
 	n.wg.Add(1)
 	go c.negotiateBehind(ctx, addr, name)
@@ -69,9 +75,6 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 	defer n.cancel()
 	tc := t.nc.(*net.TCPConn)
 	v, err := settle(ctx, tc, addr, c.o, name)
-	// Writes wait behind the held bytes: t.wmu until they went out.
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
 	n.mu.Lock()
 	if n.closed {
 		// Close ended it: what a waiting call returns says so, not the
@@ -95,14 +98,12 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 		// the TCP one: StatsHandler must find the upgraded one by it.
 		r.trackAs(tc.RemoteAddr())
 		r.SetReadDeadline(n.rdl)
-		r.SetWriteDeadline(n.wdl)
 	default:
 		n.open = true
 		t.rmu.Lock()
 		t.replay = v.replay
 		t.rmu.Unlock()
 		tc.SetReadDeadline(n.rdl)
-		tc.SetWriteDeadline(n.wdl)
 		c.openTCP(telemetry.Client, v.why)
 		if l := c.o.log(); l.Enabled(context.Background(), slog.LevelDebug) {
 			l.Debug("rdmagrpc: connection over TCP", "remote", tc.RemoteAddr().String(), "why", v.why)
@@ -111,19 +112,34 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 	close(n.done)
 	n.mu.Unlock()
 
+	// The held bytes go out with no deadline: Close ends a flush that
+	// cannot.
+	var ferr error
 	switch {
 	case err != nil:
-		n.flushErr = err
+		ferr = err
 	case len(held) == 0:
 	case r != nil:
-		_, n.flushErr = r.Write(held)
+		_, ferr = r.Write(held)
 	default:
-		_, n.flushErr = t.writeLocked(held)
+		t.wmu.Lock()
+		_, ferr = t.writeLocked(held)
+		t.wmu.Unlock()
+	}
+	n.mu.Lock()
+	n.flushErr = ferr
+	switch {
+	case r != nil:
+		r.SetWriteDeadline(n.wdl)
+	case n.open:
+		tc.SetWriteDeadline(n.wdl)
 	}
 	n.flushed = true
-	if r != nil && n.flushErr == nil {
+	if r != nil && ferr == nil {
 		n.ready.Store(r)
 	}
+	close(n.out)
+	n.mu.Unlock()
 }
 
 // Kinds of wait for the verdict: whose deadline bounds it.
@@ -137,14 +153,23 @@ const (
 // returns the upgraded connection (nil: TCP carries on) or why there is
 // none.
 func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
+	if err := n.waitFor(ctx, kind, n.done); err != nil {
+		return nil, err
+	}
+	return n.rdma, n.err
+}
+
+// waitFor waits until ch is closed, within the deadline of kind and ctx,
+// or Close.
+func (n *behind) waitFor(ctx context.Context, kind int, ch chan struct{}) error {
 	for {
 		select {
-		case <-n.done:
-			return n.rdma, n.err
+		case <-ch:
+			return nil
 		default:
 		}
 		n.mu.Lock()
-		dl, ch, closed := time.Time{}, n.changed, n.closed
+		dl, changed, closed := time.Time{}, n.changed, n.closed
 		switch kind {
 		case waitRead:
 			dl = n.rdl
@@ -153,13 +178,13 @@ func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
 		}
 		n.mu.Unlock()
 		if closed {
-			return nil, net.ErrClosed
+			return net.ErrClosed
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
 		if expired(dl) {
-			return nil, os.ErrDeadlineExceeded
+			return os.ErrDeadlineExceeded
 		}
 		var tm *time.Timer
 		var timeout <-chan time.Time
@@ -168,8 +193,8 @@ func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
 			timeout = tm.C
 		}
 		select {
-		case <-n.done:
 		case <-ch:
+		case <-changed:
 		case <-timeout:
 		case <-ctx.Done():
 		}
@@ -184,18 +209,30 @@ func (n *behind) broadcastLocked() {
 	n.changed = make(chan struct{})
 }
 
-// hold keeps b until the verdict if it fits; false: it does not.
-func (n *behind) hold(b []byte) (bool, error) {
+// hold keeps b until the verdict if it fits and the verdict is not in;
+// false: it waits for the held bytes to go out. flushed: they did.
+func (n *behind) hold(b []byte) (ok, flushed bool, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.flushed {
+		return false, true, nil
+	}
 	if n.closed {
-		return false, net.ErrClosed
+		return false, false, net.ErrClosed
+	}
+	select {
+	case <-n.done:
+		return false, false, nil // going out now: wait for it
+	default:
+	}
+	if expired(n.wdl) {
+		return false, false, os.ErrDeadlineExceeded
 	}
 	if len(n.held)+len(b) > maxHeld {
-		return false, nil
+		return false, false, nil
 	}
 	n.held = append(n.held, b...)
-	return true, nil
+	return true, false, nil
 }
 
 func (c *Conn) tcpRead(b []byte) (int, error) {
@@ -226,29 +263,29 @@ func (c *Conn) tcpWrite(b []byte) (int, error) {
 		return r.Write(b)
 	}
 	for {
-		t.wmu.Lock()
-		if n.flushed {
-			break
-		}
-		ok, err := n.hold(b)
-		t.wmu.Unlock()
-		if err != nil {
+		ok, flushed, err := n.hold(b)
+		switch {
+		case err != nil:
 			return 0, c.opErr("write", err)
-		}
-		if ok {
+		case ok:
 			return len(b), nil
+		case flushed:
+		default:
+			if err := n.waitFor(context.Background(), waitWrite, n.out); err != nil {
+				return 0, c.opErr("write", err)
+			}
+			continue
 		}
-		if _, err := n.wait(context.Background(), waitWrite); err != nil {
-			return 0, c.opErr("write", err)
-		}
+		break
 	}
-	defer t.wmu.Unlock()
 	switch {
 	case n.flushErr != nil:
 		return 0, c.opErr("write", n.flushErr)
 	case n.rdma != nil:
 		return n.rdma.Write(b)
 	}
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
 	return t.writeLocked(b)
 }
 
@@ -274,41 +311,44 @@ func (c *Conn) Handshake(ctx context.Context) error {
 // connection.
 func (c *Conn) settled(ctx context.Context) (*Conn, error) {
 	n := c.tcp.neg
-	r, err := n.wait(ctx, waitNoDeadline)
-	if err != nil {
+	if err := n.waitFor(ctx, waitNoDeadline, n.out); err != nil {
 		return nil, err
 	}
-	c.tcp.wmu.Lock()
-	err = n.flushErr
-	c.tcp.wmu.Unlock()
-	return r, err
+	if n.err != nil {
+		return nil, n.err
+	}
+	return n.rdma, n.flushErr
 }
 
 func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 	if n := c.tcp.neg; n != nil {
 		n.mu.Lock()
-		r, open := n.rdma, n.open
-		if r == nil && !open {
-			if read {
-				n.rdl = t
-			}
-			if write {
-				n.wdl = t
-			}
-			n.broadcastLocked()
-			n.mu.Unlock()
-			return nil
-		}
-		n.mu.Unlock()
-		if r != nil {
+		defer n.mu.Unlock()
+		pending := n.rdma == nil && !n.open
+		if read {
+			n.rdl = t
 			switch {
-			case read && write:
-				return r.SetDeadline(t)
-			case read:
-				return r.SetReadDeadline(t)
+			case n.rdma != nil:
+				n.rdma.SetReadDeadline(t)
+			case n.open:
+				c.tcp.nc.SetReadDeadline(t)
 			}
-			return r.SetWriteDeadline(t)
 		}
+		if write {
+			// Kept until the held bytes are out (see behind.out).
+			n.wdl = t
+			switch {
+			case !n.flushed:
+			case n.rdma != nil:
+				n.rdma.SetWriteDeadline(t)
+			case n.open:
+				c.tcp.nc.SetWriteDeadline(t)
+			}
+		}
+		if pending || !n.flushed {
+			n.broadcastLocked()
+		}
+		return nil
 	}
 	switch {
 	case read && write:

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -580,4 +581,44 @@ func serveOnce(t *testing.T, serve func(net.Conn)) net.Listener {
 		c.Close()
 	}()
 	return tl
+}
+
+// Bytes a write handed over before the verdict go out whole, whatever
+// deadline is set after it: the write returned, as a TCP write does once
+// its bytes are in the socket buffer.
+func TestHeldBytesOutlastWriteDeadline(t *testing.T) {
+	payload := random(10 << 10)
+	got := make(chan []byte, 1)
+	addr := serveOnce(t, func(c net.Conn) {
+		io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+		time.Sleep(50 * time.Millisecond) // the client writes and sets its deadline meanwhile
+		c.Write([]byte("\x00\x00\x00\x04\x00\x00\x00\x00\x00"))
+		b := make([]byte, len(payload))
+		io.ReadFull(c, b)
+		got <- b
+	}).Addr().String()
+	nc, err := Dial(t.Context(), addr, WithProvider("shm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Write(append([]byte(h2Preface), payload...)); err != nil {
+		t.Fatalf("write before the verdict: %v", err)
+	}
+	nc.SetWriteDeadline(time.Now().Add(-time.Second))
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, payload) {
+			t.Fatal("the server read other bytes than were written")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held bytes never reached the server")
+	}
+	if _, err := nc.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a write past the deadline: %v", err)
+	}
+	nc.SetWriteDeadline(time.Time{})
+	if _, err := nc.Write([]byte("x")); err != nil {
+		t.Fatalf("a write with the deadline cleared: %v", err)
+	}
 }
