@@ -5,6 +5,9 @@ import (
 	"os"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -249,4 +252,55 @@ func TestRingQuarantinedAfterForcedDisconnect(t *testing.T) {
 	if q2.forced.Load() || !runFree(seg2) {
 		t.Fatal("ring of a clean disconnect not returned to the pool")
 	}
+}
+
+// A pool's last arena, kept for the next allocation once everything in it
+// is freed, gives its pages back: runs below punchMin are only cleared
+// when freed, and a burst of connections would otherwise leave its
+// high-water mark resident after they all closed.
+func TestEmptyArenaGivesPagesBack(t *testing.T) {
+	p := &pool{name: "rdmagrpc-shm-test-punch"}
+	var runs [][]byte
+	for range 16 {
+		b, err := allocMemory(p, 8192)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range b {
+			b[i] = 1
+		}
+		runs = append(runs, b)
+	}
+	allocs.RLock()
+	if len(p.arenas) != 1 {
+		allocs.RUnlock()
+		t.Fatalf("%d arenas, want 1", len(p.arenas))
+	}
+	a := p.arenas[0]
+	allocs.RUnlock()
+	resident := func() int {
+		vec := make([]byte, (len(a.mem)+os.Getpagesize()-1)/os.Getpagesize())
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&a.mem[0])), uintptr(len(a.mem)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+			t.Fatal(e)
+		}
+		n := 0
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	if n := resident(); n < 16*8192/os.Getpagesize() {
+		t.Fatalf("%d pages resident after writing 128 KiB", n)
+	}
+	for _, b := range runs {
+		if err := freeMemory(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := resident(); n != 0 {
+		t.Fatalf("%d pages still resident once the arena is empty", n)
+	}
+	allocs.Lock()
+	p.drop()
+	allocs.Unlock()
 }

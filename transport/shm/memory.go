@@ -85,6 +85,12 @@ func (a *arena) punch(off, n int) {
 	}
 }
 
+// punchAll gives every page of an empty arena back to the kernel.
+func (a *arena) punchAll() {
+	// Without hole punching the runs were zeroed when they were freed.
+	unix.Fallocate(a.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, int64(len(a.mem)))
+}
+
 // give returns a run, zeroed, to the free list.
 func (a *arena) give(off, n int) {
 	a.punch(off, n)
@@ -159,6 +165,10 @@ func (p *pool) release(a *arena, off, n int) error {
 		}
 	}
 	if !a.dedicated && shared == 1 {
+		// Kept for the next connection, but its pages go back: runs
+		// cleared in place (punchMin) would otherwise keep a burst's
+		// high-water mark resident after every connection closed.
+		a.punchAll()
 		return nil
 	}
 	p.arenas = slices.DeleteFunc(p.arenas, func(b *arena) bool { return b == a })
