@@ -446,6 +446,14 @@ func (r *Report) twoProcGoals() []Goal {
 	if x, s, ok := rat(row2(rowRaw(32<<10)), RDMARings); ok {
 		gs = append(gs, Goal{"raw 32 KiB writes ≥ 2× TCP (target 3×), two processes", s, x >= 2})
 	}
+	for _, x := range []struct{ row, name string }{
+		{rowDial(), "raw dial ≤ 2× a TCP dial (issue 16)"},
+		{rowDialRPC(), "gRPC connection set-up (dial to first RPC) ≤ 2× TCP's (issue 16)"},
+	} {
+		if v, s, ok := rat(x.row, RDMA); ok {
+			gs = append(gs, Goal{x.name, s, v <= 2})
+		}
+	}
 	for _, side := range []string{"writer", "reader"} {
 		if x, s, ok := rat(rowRawCPU(32<<10, side), RDMARings); ok {
 			gs = append(gs, Goal{"raw 32 KiB " + side + " CPU per MB ≤ 1× TCP (target 0.5×)", s, x <= 1})
