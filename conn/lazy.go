@@ -235,18 +235,31 @@ func (n *behind) hold(b []byte) (ok, flushed bool, err error) {
 	return true, false, nil
 }
 
+// readTarget is the connection a read goes to, once the verdict is in
+// (within the read deadline): the upgraded one, or nil for the Conn's own
+// TCP side.
+func (c *Conn) readTarget() (*Conn, error) {
+	n := c.tcp.neg
+	if n == nil {
+		return nil, nil
+	}
+	if r := n.ready.Load(); r != nil {
+		return r, nil
+	}
+	r, err := n.wait(context.Background(), waitRead)
+	if err != nil {
+		return nil, c.opErr("read", err)
+	}
+	return r, nil
+}
+
 func (c *Conn) tcpRead(b []byte) (int, error) {
-	if n := c.tcp.neg; n != nil {
-		if r := n.ready.Load(); r != nil {
-			return r.Read(b)
-		}
-		r, err := n.wait(context.Background(), waitRead)
-		if err != nil {
-			return 0, c.opErr("read", err)
-		}
-		if r != nil {
-			return r.Read(b)
-		}
+	r, err := c.readTarget()
+	switch {
+	case err != nil:
+		return 0, err
+	case r != nil:
+		return r.Read(b)
 	}
 	return c.tcp.read(b)
 }
@@ -307,8 +320,8 @@ func (c *Conn) Handshake(ctx context.Context) error {
 	return nil
 }
 
-// settled waits for the verdict with no deadline but ctx and Close, and for the held bytes to go out: what follows needs the final
-// connection.
+// settled waits for the verdict with no deadline but ctx and Close, and
+// for the held bytes to go out: what follows needs the final connection.
 func (c *Conn) settled(ctx context.Context) (*Conn, error) {
 	n := c.tcp.neg
 	if err := n.waitFor(ctx, waitNoDeadline, n.out); err != nil {
@@ -324,7 +337,6 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 	if n := c.tcp.neg; n != nil {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		pending := n.rdma == nil && !n.open
 		if read {
 			n.rdl = t
 			switch {
@@ -345,8 +357,8 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 				c.tcp.nc.SetWriteDeadline(t)
 			}
 		}
-		if pending || !n.flushed {
-			n.broadcastLocked()
+		if !n.flushed {
+			n.broadcastLocked() // a write or a read may wait on them
 		}
 		return nil
 	}

@@ -1,7 +1,6 @@
 package conn
 
 import (
-	"context"
 	"io"
 	"os"
 	"syscall"
@@ -60,19 +59,14 @@ func readInto(bufSize int, pool mem.BufferPool, read func([]byte) (int, error)) 
 }
 
 func (c *Conn) tcpReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
-	t := c.tcp
-	if n := t.neg; n != nil {
-		r := n.ready.Load()
-		if r == nil {
-			var err error
-			if r, err = n.wait(context.Background(), waitRead); err != nil {
-				return nil, 0, c.opErr("read", err)
-			}
-		}
-		if r != nil {
-			return r.ReadOnReady(bufSize, pool)
-		}
+	r, err := c.readTarget()
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case r != nil:
+		return r.ReadOnReady(bufSize, pool)
 	}
+	t := c.tcp
 	t.rmu.Lock()
 	replay := len(t.replay) > 0
 	t.rmu.Unlock()

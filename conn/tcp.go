@@ -118,7 +118,7 @@ func (c *Conn) tcpCloseWrite() error {
 		if r != nil {
 			return r.CloseWrite()
 		}
-		// After the held bytes: they went out under wmu.
+		// TCP carries on, and the held bytes are out (settled).
 	}
 	if cw, ok := c.tcp.nc.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
