@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
@@ -293,7 +292,10 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool) Idl
 	for i := range n {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		if gRPC {
-			err = idleRPC(dctx, ch.addr, dial, &ccs)
+			var cc *grpc.ClientConn
+			if cc, err = firstRPC(dctx, ch.addr, dial); cc != nil {
+				ccs = append(ccs, cc)
+			}
 		} else {
 			_, err = dial(dctx, ch.addr)
 		}
@@ -335,20 +337,6 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool) Idl
 		res.RegPerSide = float64(registered(dialed)+after.reg) / (2 * h)
 	}
 	return res
-}
-
-// idleRPC opens a gRPC client connection with dial (one connection:
-// passthrough, no retries behind our back), makes one 64 B RPC on it and
-// keeps it in ccs.
-func idleRPC(ctx context.Context, addr string, dial func(context.Context, string) (net.Conn, error), ccs *[]*grpc.ClientConn) error {
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithContextDialer(dial),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
-	}
-	*ccs = append(*ccs, cc)
-	_, err = testgrpc.NewBenchmarkServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{ResponseSize: 64, Payload: &testgrpc.Payload{Body: body(64)}})
-	return err
 }
 
 // closeAll closes conns, a few at a time.
