@@ -35,15 +35,47 @@ func rowFallbackDial() string    { return row2("rdmagrpc fall-back dial p50") }
 func rowFallbackVerdict() string { return row2("rdmagrpc fall-back dial to the verdict p50") }
 func rowFallbackDialRPC() string { return row2("rdmagrpc fall-back dial to first RPC p50") }
 
+// dialFunc is a transport's dial, as grpc.WithContextDialer takes it.
+type dialFunc = func(context.Context, string) (net.Conn, error)
+
+// measureFunc times one sample of what a dial costs.
+type measureFunc = func(context.Context, dialFunc, string) (time.Duration, error)
+
 func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error {
-	type dialer = func(context.Context, string) (net.Conn, error)
-	add := func(row string, measure func(context.Context, dialer, string) (time.Duration, error), dial dialer) error {
+	add := func(row string, measure measureFunc, dial dialFunc) error {
 		d, err := measure(ctx, dial, addr)
 		if err != nil {
 			return fmt.Errorf("%s: %s: %w", t.name, row, err)
 		}
 		rep.add(row, t.name, d.Seconds())
 		return nil
+	}
+	d := conn.Dialer(rep.Config.ConnOptions...)
+	if t.name == TCP {
+		// A plain gRPC server, and rdmagrpc's fall-back to it. The two
+		// dials alternate, sample by sample, so that their ratio does not
+		// depend on what the machine did in one block and not the other
+		// (the rdmagrpc dial's negotiation goroutine, the server
+		// process's work for the dials before: on 2 cores, medians of
+		// back-to-back blocks moved by a third from run to run).
+		pair := func(rowA, rowB string, samples int, measure measureFunc, a, b dialFunc) error {
+			da, db, err := alternate(ctx, samples, measure, a, b, addr)
+			if err != nil {
+				return fmt.Errorf("%s: %s, %s: %w", t.name, rowA, rowB, err)
+			}
+			rep.add(rowA, t.name, da.Seconds())
+			rep.add(rowB, t.name, db.Seconds())
+			return nil
+		}
+		// A server that stays TCP is not remembered: every dial to it is
+		// a first one.
+		if err := pair(rowDial(), rowFallbackDial(), dialSamples, once, t.dial, d); err != nil {
+			return err
+		}
+		if err := add(rowFallbackVerdict(), medianDial, handshake(d)); err != nil {
+			return err
+		}
+		return pair(rowDialRPC(), rowFallbackDialRPC(), rpcSamples, onceRPC, t.dial, d)
 	}
 	dial := t.dial
 	if t.name == RDMA {
@@ -59,22 +91,11 @@ func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error 
 	}
 	// A dial that has not seen the server: what the first dial of a
 	// process to each server costs.
-	d := conn.Dialer(rep.Config.ConnOptions...)
 	first := func(ctx context.Context, addr string) (net.Conn, error) {
 		conn.ForgetServers()
 		return d(ctx, addr)
 	}
 	switch t.name {
-	case TCP:
-		// A server that stays TCP is not remembered: every dial to it is
-		// a first one.
-		if err := add(rowFallbackDial(), medianDial, d); err != nil {
-			return err
-		}
-		if err := add(rowFallbackVerdict(), medianDial, handshake(d)); err != nil {
-			return err
-		}
-		return add(rowFallbackDialRPC(), medianFirstRPC, d)
 	case RDMA:
 		if err := add(rowFirstDial(), medianDial, handshake(first)); err != nil {
 			return err
@@ -85,7 +106,7 @@ func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error 
 }
 
 // handshake is dial followed by the wait for the negotiation's verdict.
-func handshake(dial func(context.Context, string) (net.Conn, error)) func(context.Context, string) (net.Conn, error) {
+func handshake(dial dialFunc) dialFunc {
 	return func(ctx context.Context, addr string) (net.Conn, error) {
 		c, err := dial(ctx, addr)
 		if err != nil {
@@ -99,26 +120,77 @@ func handshake(dial func(context.Context, string) (net.Conn, error)) func(contex
 	}
 }
 
-func medianDial(ctx context.Context, dial func(context.Context, string) (net.Conn, error), addr string) (time.Duration, error) {
-	ds := make([]time.Duration, 0, dialSamples)
-	for range dialSamples {
-		start := time.Now()
-		c, err := dial(ctx, addr)
+// once times one dial; the connection is closed after.
+func once(ctx context.Context, dial dialFunc, addr string) (time.Duration, error) {
+	start := time.Now()
+	c, err := dial(ctx, addr)
+	if err != nil {
+		return 0, err
+	}
+	d := time.Since(start)
+	c.Close()
+	return d, nil
+}
+
+// onceRPC times one dial to a first answered RPC.
+func onceRPC(ctx context.Context, dial dialFunc, addr string) (time.Duration, error) {
+	start := time.Now()
+	cc, err := firstRPC(ctx, addr, dial)
+	d := time.Since(start)
+	if cc != nil {
+		cc.Close()
+	}
+	return d, err
+}
+
+// median is the median of samples of measure.
+func median(ctx context.Context, samples int, measure measureFunc, dial dialFunc, addr string) (time.Duration, error) {
+	ds := make([]time.Duration, 0, samples)
+	for range samples {
+		d, err := measure(ctx, dial, addr)
 		if err != nil {
 			return 0, err
 		}
-		ds = append(ds, time.Since(start))
-		c.Close()
+		ds = append(ds, d)
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil
+}
+
+// alternate is the medians of samples of measure with a and with b,
+// taken in turns (a b, then b a: neither always follows the other).
+func alternate(ctx context.Context, samples int, measure measureFunc, a, b dialFunc, addr string) (time.Duration, time.Duration, error) {
+	da := make([]time.Duration, 0, samples)
+	db := make([]time.Duration, 0, samples)
+	for i := range samples {
+		first, second, fs, ss := a, b, &da, &db
+		if i%2 == 1 {
+			first, second, fs, ss = b, a, &db, &da
+		}
+		d, err := measure(ctx, first, addr)
+		if err != nil {
+			return 0, 0, err
+		}
+		*fs = append(*fs, d)
+		if d, err = measure(ctx, second, addr); err != nil {
+			return 0, 0, err
+		}
+		*ss = append(*ss, d)
+	}
+	slices.Sort(da)
+	slices.Sort(db)
+	return da[len(da)/2], db[len(db)/2], nil
+}
+
+func medianDial(ctx context.Context, dial dialFunc, addr string) (time.Duration, error) {
+	return median(ctx, dialSamples, once, dial, addr)
 }
 
 // firstRPC opens a gRPC client connection with dial (passthrough: one
 // connection, no retries behind our back) and makes one 64 B unary call
 // on it. The connection comes back even when the call failed, for the
 // caller to close.
-func firstRPC(ctx context.Context, addr string, dial func(context.Context, string) (net.Conn, error)) (*grpc.ClientConn, error) {
+func firstRPC(ctx context.Context, addr string, dial dialFunc) (*grpc.ClientConn, error) {
 	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithContextDialer(dial),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -128,19 +200,6 @@ func firstRPC(ctx context.Context, addr string, dial func(context.Context, strin
 	return cc, err
 }
 
-func medianFirstRPC(ctx context.Context, dial func(context.Context, string) (net.Conn, error), addr string) (time.Duration, error) {
-	ds := make([]time.Duration, 0, rpcSamples)
-	for range rpcSamples {
-		start := time.Now()
-		cc, err := firstRPC(ctx, addr, dial)
-		ds = append(ds, time.Since(start))
-		if cc != nil {
-			cc.Close()
-		}
-		if err != nil {
-			return 0, err
-		}
-	}
-	slices.Sort(ds)
-	return ds[len(ds)/2], nil
+func medianFirstRPC(ctx context.Context, dial dialFunc, addr string) (time.Duration, error) {
+	return median(ctx, rpcSamples, onceRPC, dial, addr)
 }
