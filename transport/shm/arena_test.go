@@ -304,3 +304,71 @@ func TestEmptyArenaGivesPagesBack(t *testing.T) {
 	p.drop()
 	allocs.Unlock()
 }
+
+// Control segments of many connections share pages: a CQ header (64 B)
+// took a page of its own, and with its QP ring that was most of what an
+// idle connection end kept resident. A segment freed or quarantined next
+// to live ones clears its own bytes only.
+func TestSegmentsSharePages(t *testing.T) {
+	p := &pool{name: "rdmagrpc-shm-test-segments"}
+	defer func() {
+		allocs.Lock()
+		p.drop()
+		allocs.Unlock()
+	}()
+	var segs []*segment
+	pages := map[uintptr]bool{}
+	for range 64 {
+		s, err := newSegment(p, cqHdrSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if addrOf(s.mem)%segmentUnit != 0 {
+			t.Fatalf("segment at %#x: not on a cache line", addrOf(s.mem))
+		}
+		for i := range s.mem {
+			s.mem[i] = 0xa5
+		}
+		pages[addrOf(s.mem)&^uintptr(pageSize-1)] = true
+		segs = append(segs, s)
+	}
+	if want := 64 * cqHdrSize / pageSize; len(pages) != want {
+		t.Fatalf("64 CQ headers on %d pages, want %d", len(pages), want)
+	}
+	ring, err := newSegment(p, qpSegSize(64, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("a QP ring of 64 slots: %d B", len(ring.mem))
+	if err := segs[1].close(); err != nil {
+		t.Fatal(err)
+	}
+	segs[2].quarantine()
+	for _, i := range []int{1, 2} {
+		for _, b := range segs[i].mem {
+			if b != 0 {
+				t.Fatalf("segment %d not cleared", i)
+			}
+		}
+	}
+	for _, i := range []int{0, 3} {
+		for _, b := range segs[i].mem {
+			if b != 0xa5 {
+				t.Fatalf("segment %d, beside a freed and a quarantined one, was touched", i)
+			}
+		}
+	}
+	// The freed run is handed out again; the quarantined one never.
+	s, err := newSegment(p, cqHdrSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if addrOf(s.mem) != addrOf(segs[1].mem) {
+		t.Fatalf("a freed segment's run was not reused first: got %#x, freed %#x", addrOf(s.mem), addrOf(segs[1].mem))
+	}
+	for _, x := range append(segs[3:], segs[0], s, ring) {
+		if err := x.close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -239,7 +239,13 @@ func pageRound(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
 // carve takes a page-rounded run of at least size bytes from p.
 // Called with allocs locked.
 func carve(p *pool, size int) (*allocation, error) {
-	n := pageRound(size)
+	return carveIn(p, size, pageSize)
+}
+
+// carveIn takes a run of at least size bytes from p, rounded up to unit
+// (a power of two), so that it starts at a multiple of unit.
+func carveIn(p *pool, size, unit int) (*allocation, error) {
+	n := (size + unit - 1) &^ (unit - 1)
 	ar, off, err := p.alloc(n)
 	if err != nil {
 		return nil, err
@@ -361,10 +367,22 @@ type segment struct {
 	mem []byte
 }
 
+// segmentUnit is what segments are rounded to: a cache line, so that two
+// connections' shared words never share one, and segments of many
+// connections share pages. Rounded to pages, a CQ header (64 B) and a QP
+// ring (under 3 KiB) took a page each, and each end of an idle connection
+// kept four control pages resident (its own two and its view of its
+// peer's): most of what it cost beyond its rings. Peers map whole arenas
+// (a segment's offset need not be page-aligned), every control arena
+// belongs to one peer process (peers.go), and a freed or quarantined run
+// below punchMin is cleared in place, never punched, so a page shared
+// with other segments is never taken from under them.
+const segmentUnit = 64
+
 func newSegment(pl *pool, size int) (*segment, error) {
 	allocs.Lock()
 	defer allocs.Unlock()
-	a, err := carve(pl, size)
+	a, err := carveIn(pl, size, segmentUnit)
 	if err != nil {
 		return nil, err
 	}
