@@ -101,23 +101,27 @@ type txRing struct {
 
 // Conn is an RDMA connection. It implements net.Conn; Stats, CloseWrite
 // and WriteBuffers are its additions.
+//
+// Every idle connection end holds one, so its size counts: it is kept
+// within the 1,792 B allocation class with its 8 B malloc header
+// (TestConnSize), with no field that
+// Stats can derive and its small fields packed.
 type Conn struct {
-	id          uint64
-	provider    string
-	providerWhy string
-	device      string
-	path        transport.Path // verbs: what the QP was programmed with
-	tcp         *tcpSide       // set: a connection over TCP (tcp.go), nothing below is used
-	rpcs        rpcTrack       // the RPCs on it, for StatsHandler (rpcstats.go)
-	alias       net.Addr       // liveConns: another key for it (trackAs)
-	lastWrite   atomic.Int64   // UnixNano of the end of the last Write: idle shrink (shrink.go)
-	opened      atomic.Bool    // start succeeded: release reports the close to the marker
-	o           *options
-	qp          transport.QP
-	pd          transport.PD
-	cq          transport.CQ
-	pool        *bufpool.Pool
-	tel         *telemetry.Conn // nil-safe; see conn/telemetry.go
+	id        uint64
+	tcp       *tcpSide     // set: a connection over TCP (tcp.go), nothing below is used
+	rpcs      rpcTrack     // the RPCs on it, for StatsHandler (rpcstats.go)
+	alias     net.Addr     // liveConns: another key for it (trackAs)
+	lastWrite atomic.Int64 // UnixNano of the end of the last Write: idle shrink (shrink.go)
+	opened    atomic.Bool  // start succeeded: release reports the close to the marker
+	// closedFast mirrors closed for the calls that must fail at once
+	// after Close without taking c.mu (isClosed).
+	closedFast atomic.Bool
+	o          *options
+	qp         transport.QP
+	pd         transport.PD
+	cq         transport.CQ
+	pool       *bufpool.Pool
+	tel        *telemetry.Conn // nil-safe; see conn/telemetry.go
 	// inlineMax is the largest message the provider sends inline from
 	// the caller's memory (0: none): a ring whose slots fit needs no
 	// registered staging, and each write is one copy instead of two.
@@ -129,7 +133,6 @@ type Conn struct {
 	changed chan struct{} // closed and replaced on every state change
 	rx      [2]rxRing
 	tx      [2]txRing
-	sending int // the ring data goes to: small, then large once enlarged
 	recvQ   []entry
 	readOff int
 	spilled int // bytes of recvQ held in spill copies (bounded: spillLocked)
@@ -142,25 +145,23 @@ type Conn struct {
 	// a record that took a credit after it: the receiver holds the writer
 	// to keeping its last credit for records (receivedLocked).
 	posting, recordWaits bool
-	discarding           bool // closed: what arrives is dropped (discardLocked)
+	discarding           bool  // closed: what arrives is dropped (discardLocked)
+	lingerSet            bool  // see linger
+	sending              uint8 // the ring data goes to: small, then large once enlarged
 	enl                  enlargement
 	rdv                  rendezvous
 	// lifecycle
 	wclosed bool
 	eofIn   bool
 	closed  bool
-	// closedFast mirrors closed for the calls that must fail at once
-	// after Close without taking c.mu (isClosed).
-	closedFast atomic.Bool
-	aborted    bool // the QP was put in error and disconnected
-	err        error
-	rdl        time.Time
-	wdl        time.Time
-	st         Stats
+	aborted bool // the QP was put in error and disconnected
+	err     error
+	rdl     time.Time
+	wdl     time.Time
+	st      Stats
 	// SetLinger; lingerSet false: the default (background, DefaultLinger)
-	linger    int
-	lingerSet bool
-	wg        sync.WaitGroup // the enlargement server
+	linger int
+	wg     sync.WaitGroup // the enlargement server
 
 	pl pollState // the completion loop (poll.go)
 }
@@ -176,7 +177,8 @@ type entry struct {
 // once the QP exists. ctx parents the connection span; role is
 // telemetry.Client or telemetry.Server.
 func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
-	c = &Conn{id: connIDs.Add(1), provider: provider, providerWhy: o.providerWhy, device: dev.Name(), o: o, changed: make(chan struct{})}
+	c = &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
+	c.st.Provider, c.st.ProviderReason, c.st.Device = provider, o.providerWhy, dev.Name()
 	c.tel = o.tel.StartConn(ctx, role, c.id, provider, o.providerWhy)
 	partial := c // the error returns below set c to nil
 	defer func() {
@@ -251,10 +253,10 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 	if pq, ok := qp.(transport.PathQP); ok {
 		// Best effort: a QP that cannot say its path still carries data.
 		if p, err := pq.Path(); err == nil {
-			c.path = p
+			c.st.Path = p
 		}
 	}
-	c.tel.Fabric(c.device, c.path)
+	c.tel.Fabric(c.st.Device, c.st.Path)
 	c.track()
 	c.opened.Store(true)
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)
@@ -516,7 +518,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		if !stalled.IsZero() {
 			c.stalled(time.Since(stalled))
 		}
-		ring := c.sending
+		ring := int(c.sending)
 		seq := t.seq
 		t.seq++
 		t.credits--

@@ -121,7 +121,7 @@ func (st *rpcState) attach(remote net.Addr) {
 		return
 	}
 	st.c = c
-	attrs := []attribute.KeyValue{telemetry.KeyConnID.Int64(int64(c.id)), telemetry.KeyProvider.String(c.provider)}
+	attrs := []attribute.KeyValue{telemetry.KeyConnID.Int64(int64(c.id)), telemetry.KeyProvider.String(c.st.Provider)}
 	if c.tcp == nil {
 		c.mu.Lock()
 		phase := telemetry.Small

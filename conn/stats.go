@@ -97,13 +97,9 @@ func (c *Conn) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.tcp != nil {
-		return Stats{Provider: c.provider, ProviderReason: c.providerWhy}
+		return Stats{Provider: c.st.Provider, ProviderReason: c.st.ProviderReason}
 	}
 	s := c.st
-	s.Provider = c.provider
-	s.ProviderReason = c.providerWhy
-	s.Device = c.device
-	s.Path = c.path
 	s.SendPhase = phaseNames[c.enl.phase]
 	if c.enl.phase != phaseSmall && c.enl.phase != phaseLarge {
 		s.EnlargeRetryAt = c.enl.retryAt

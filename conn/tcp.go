@@ -81,7 +81,7 @@ func newTCPConn(role string, nc net.Conn, replay []byte, strip bool, why string,
 // provider, span and marker.
 func (c *Conn) openTCP(role, why string) {
 	nc := c.tcp.nc
-	c.provider, c.providerWhy = telemetry.ProviderTCP, why
+	c.st.Provider, c.st.ProviderReason = telemetry.ProviderTCP, why
 	c.tel = c.o.tel.StartConn(context.Background(), role, c.id, telemetry.ProviderTCP, why)
 	c.tel.Connected(nc.LocalAddr(), nc.RemoteAddr(), func() telemetry.Snapshot { return telemetry.Snapshot{} })
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedTCP)

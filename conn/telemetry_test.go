@@ -217,7 +217,7 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 	m := h.metrics(t)
 	wantGauges := func(when string, open int64, small, large, rdv int64) {
 		t.Helper()
-		p := ",rdmagrpc.provider=" + a.provider
+		p := ",rdmagrpc.provider=" + a.st.Provider
 		checkPoints(t, when, m, telemetry.MetricConnections, map[string]int64{
 			"rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client" + p: open,
 			"rdmagrpc.buffer.phase=small,rdmagrpc.connection.role=client" + p: 0,
@@ -262,9 +262,9 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 		}
 		lh, lp := hostPort(t, x.c.LocalAddr())
 		wantAttrs := with(peerAttrs(t, x.c),
-			"rdmagrpc.connection.role", x.role, "rdmagrpc.provider", x.c.provider, "rdmagrpc.provider.reason", x.c.o.providerWhy,
-			"network.local.address", lh, "network.local.port", lp, "rdmagrpc.device", x.c.device)
-		if p := x.c.path; p.Port != 0 { // verbs: the path too
+			"rdmagrpc.connection.role", x.role, "rdmagrpc.provider", x.c.st.Provider, "rdmagrpc.provider.reason", x.c.o.providerWhy,
+			"network.local.address", lh, "network.local.port", lp, "rdmagrpc.device", x.c.st.Device)
+		if p := x.c.st.Path; p.Port != 0 { // verbs: the path too
 			wantAttrs = with(wantAttrs, "rdmagrpc.port", int64(p.Port), "rdmagrpc.gid.index", int64(p.GIDIndex), "rdmagrpc.gid.type", p.GIDType,
 				"rdmagrpc.path_mtu", int64(p.MTU), "rdmagrpc.traffic_class", int64(p.TrafficClass), "rdmagrpc.service_level", int64(p.ServiceLevel))
 		}

@@ -34,7 +34,7 @@ func newPeer(info qpInfo, fds []int, sameProcess bool) (*peer, error) {
 		closeFDs(fds)
 		return nil, fmt.Errorf("shm: peer sent %d fds, want %d", len(fds), infoFDs)
 	}
-	p := &peer{num: info.num, pd: info.pd, cqCap: int(info.cqCap), maps: map[uint64]peerMapping{}}
+	p := &peer{num: info.num, pd: info.pd, cqCap: int(info.cqCap), held: make([]peerMapping, 0, infoFDs)}
 	for i, fd := range fds {
 		m, err := mapPeer(fd, 1)
 		if err != nil {
@@ -216,6 +216,9 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 				return nil, fmt.Errorf("%w: %v", errMemfd, err)
 			}
 			m.lastKey = e.key
+			if q.peer.maps == nil {
+				q.peer.maps = map[uint64]peerMapping{} // most connections never map more
+			}
 			q.peer.maps[e.memfdID] = m
 			return m.mem, nil
 		case <-q.hup:
