@@ -56,7 +56,7 @@ func (b *Buffer) Release() {
 	}
 	r := b.r
 	p.mu.Lock()
-	p.takeBackLocked(r, b.owner)
+	p.takeBackLocked(r)
 	if !p.closed && r.registered && len(p.free[r.key]) < p.maxFree {
 		p.free[r.key] = append(p.free[r.key], r)
 		p.freeBufs++
@@ -83,7 +83,7 @@ func (b *Buffer) Discard() error {
 		return errDiscarded
 	}
 	p.mu.Lock()
-	p.takeBackLocked(b.r, b.owner)
+	p.takeBackLocked(b.r)
 	p.mu.Unlock()
 	return p.destroy(b.r)
 }

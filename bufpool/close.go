@@ -32,7 +32,7 @@ func (p *Pool) Close() error {
 	// A region whose Dereg failed earlier may still be held: retry its
 	// deregistration, but only free it if nobody holds it.
 	for _, r := range p.stuck {
-		if _, isHeld := p.out[r]; !isHeld {
+		if r.heldAt < 0 {
 			victims = append(victims, r)
 		}
 	}
@@ -40,14 +40,14 @@ func (p *Pool) Close() error {
 	var held []*region
 	owners := map[Owner]bool{}
 	var heldBytes int64
-	for r, o := range p.out {
-		owners[o] = true
+	for _, r := range p.held {
+		owners[r.owner] = true
 		heldBytes += int64(r.size)
 		if r.registered {
 			held = append(held, r)
 		}
 	}
-	nheld := len(p.out)
+	nheld := len(p.held)
 	errs := p.errs
 	p.errs = nil
 	p.mu.Unlock()

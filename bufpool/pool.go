@@ -85,6 +85,10 @@ type region struct {
 	key        freeKey
 	size       int
 	registered bool // false once Close revoked it while it was held
+	// heldAt is the region's place in its pool's held list, -1 when it is
+	// not lent out; owner is who holds it. (Under the pool's mu.)
+	heldAt int
+	owner  Owner
 	// dmu serializes deregistration: Close revoking a held region can
 	// race with the holder's Release destroying it, and a second Dereg
 	// of the same MR would fail and leak the memory.
@@ -113,11 +117,14 @@ type Pool struct {
 	// wait for them instead of leaking what they register.
 	pending sync.WaitGroup
 
-	mu         sync.Mutex
-	closed     bool
-	free       map[freeKey][]*region
-	out        map[*region]Owner
-	owners     map[Owner]OwnerStats
+	mu     sync.Mutex
+	closed bool
+	free   map[freeKey][]*region
+	// held are the regions lent out. A list with each region's place in
+	// it, not a map: a connection holds two or three regions, and a map
+	// cost each idle connection end a few hundred bytes. A pool's holders
+	// are few: OwnerStats counts by walking it.
+	held       []*region
 	registered int64
 	inUseBytes int64
 	freeBytes  int64
@@ -140,8 +147,6 @@ func New(dev transport.Device, pd transport.PD, opts Options) (*Pool, error) {
 		maxFree: opts.MaxFree,
 		onReg:   opts.OnRegister,
 		free:    map[freeKey][]*region{},
-		out:     map[*region]Owner{},
-		owners:  map[Owner]OwnerStats{},
 	}
 	if p.budget == nil {
 		p.budget = Default()
@@ -284,7 +289,7 @@ func (p *Pool) registerCharged(key freeKey, size int) (*region, error) {
 	p.regs.Add(1)
 	return &region{
 		mem: mem[:size:size], mr: mr, addr: mr.Addr(), lkey: mr.LKey(), rkey: mr.RKey(),
-		key: key, size: size, registered: true,
+		key: key, size: size, registered: true, heldAt: -1,
 	}, nil
 }
 
@@ -333,27 +338,20 @@ func (p *Pool) trimFor(need int64) bool {
 
 // lendLocked records r as held by owner and wraps it in a fresh handle.
 func (p *Pool) lendLocked(r *region, owner Owner) *Buffer {
-	p.out[r] = owner
+	r.heldAt, r.owner = len(p.held), owner
+	p.held = append(p.held, r)
 	p.inUseBytes += int64(r.size)
-	os := p.owners[owner]
-	os.Buffers++
-	os.Bytes += int64(r.size)
-	p.owners[owner] = os
 	return &Buffer{p: p, r: r, owner: owner}
 }
 
 // takeBackLocked ends the loan of r.
-func (p *Pool) takeBackLocked(r *region, owner Owner) {
-	delete(p.out, r)
+func (p *Pool) takeBackLocked(r *region) {
+	last := p.held[len(p.held)-1]
+	p.held[r.heldAt], last.heldAt = last, r.heldAt
+	p.held[len(p.held)-1] = nil
+	p.held = p.held[:len(p.held)-1]
+	r.heldAt = -1
 	p.inUseBytes -= int64(r.size)
-	os := p.owners[owner]
-	os.Buffers--
-	os.Bytes -= int64(r.size)
-	if os.Buffers <= 0 {
-		delete(p.owners, owner)
-	} else {
-		p.owners[owner] = os
-	}
 }
 
 // destroy deregisters r (if still registered) and frees its memory. It
@@ -411,7 +409,7 @@ func (p *Pool) Stats() Stats {
 		RegisteredBytes: p.registered,
 		InUseBytes:      p.inUseBytes,
 		FreeBytes:       p.freeBytes,
-		InUseBuffers:    len(p.out),
+		InUseBuffers:    len(p.held),
 		FreeBuffers:     p.freeBufs,
 	}
 	p.mu.Unlock()
@@ -431,5 +429,12 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) OwnerStats(owner Owner) OwnerStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.owners[owner]
+	var os OwnerStats
+	for _, r := range p.held {
+		if r.owner == owner {
+			os.Buffers++
+			os.Bytes += int64(r.size)
+		}
+	}
+	return os
 }
