@@ -18,7 +18,7 @@ type qp struct {
 	dev  *device
 	pd   *pd
 	num  uint32
-	cfg  transport.QPConfig
+	cfg  qpLimits
 	scq  *cq
 	rcq  *cq
 	seg  *segment
@@ -79,6 +79,22 @@ type memReply struct {
 	fd  int
 }
 
+// qpLimits is what a QP keeps of its transport.QPConfig: its PD and CQs
+// are fields of their own, and its initial receives are posted at
+// creation. (Half the size: every connection end holds a QP.)
+type qpLimits struct {
+	MaxSendWR, MaxRecvWR, MaxSendSGE, MaxRecvSGE, MaxInline int
+	RetryCount, RNRRetry                                    int
+	MinRNRTimer, Timeout                                    time.Duration
+}
+
+func limitsOf(c transport.QPConfig) qpLimits {
+	return qpLimits{
+		MaxSendWR: c.MaxSendWR, MaxRecvWR: c.MaxRecvWR, MaxSendSGE: c.MaxSendSGE, MaxRecvSGE: c.MaxRecvSGE, MaxInline: c.MaxInline,
+		RetryCount: c.RetryCount, RNRRetry: c.RNRRetry, MinRNRTimer: c.MinRNRTimer, Timeout: c.Timeout,
+	}
+}
+
 func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 	p, ok := cfg.PD.(*pd)
 	if !ok || p == nil || p.dev != d {
@@ -109,7 +125,7 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		dev:      d,
 		pd:       p,
 		num:      qpNums.Add(1),
-		cfg:      cfg,
+		cfg:      limitsOf(cfg),
 		scq:      scq,
 		rcq:      rcq,
 		seg:      seg,
@@ -120,7 +136,6 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		hup:      make(chan struct{}),
 		disc:     make(chan struct{}),
 	}
-	q.cfg.InitialRecvs = nil // posted below; not kept for the QP's life
 	q.timer = time.AfterFunc(time.Hour, q.service)
 	q.timer.Stop()
 	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
