@@ -235,11 +235,20 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 				c.failLocked(net.ErrClosed)
 				continue
 			}
+			// Only the first error is kept: every posted receive flushes
+			// at a close, and formatting each was a tenth of a
+			// connection's teardown.
 			if c.eofIn && wc.Status == transport.StatusWRFlushErr {
-				c.failLocked(fmt.Errorf("conn: peer %v closed the connection", c.qp.RemoteAddr()))
+				if c.err == nil {
+					c.failLocked(fmt.Errorf("conn: peer %v closed the connection", c.qp.RemoteAddr()))
+				}
 				continue
 			}
-			c.abortLocked(fmt.Errorf("conn: connection to %v lost: %w", c.qp.RemoteAddr(), wc.Err()))
+			err := c.err
+			if err == nil {
+				err = fmt.Errorf("conn: connection to %v lost: %w", c.qp.RemoteAddr(), wc.Err())
+			}
+			c.abortLocked(err)
 			continue
 		}
 		switch {
