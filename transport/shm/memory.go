@@ -234,8 +234,6 @@ var pageSize = unix.Getpagesize()
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
-func pageRound(n int) int { return (n + pageSize - 1) &^ (pageSize - 1) }
-
 // carve takes a page-rounded run of at least size bytes from p.
 // Called with allocs locked.
 func carve(p *pool, size int) (*allocation, error) {
