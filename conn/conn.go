@@ -104,8 +104,8 @@ type txRing struct {
 //
 // Every idle connection end holds one, so its size counts: it is kept
 // within the 1,792 B allocation class with its 8 B malloc header
-// (TestConnSize), with no field that
-// Stats can derive and its small fields packed.
+// (TestConnSize), with no field that Stats can derive and its small
+// fields packed.
 type Conn struct {
 	id        uint64
 	tcp       *tcpSide     // set: a connection over TCP (tcp.go), nothing below is used
