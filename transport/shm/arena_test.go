@@ -372,3 +372,71 @@ func TestSegmentsSharePages(t *testing.T) {
 		}
 	}
 }
+
+// A second connection to the same peer process writes into an arena the
+// first had handed to it without asking for its memfd again: the request
+// was a cross-process round trip in every connection's first write.
+func TestSecondQPReusesPeerArena(t *testing.T) {
+	cli, srv := openSide(t, 64), openSide(t, 64)
+	l, err := srv.dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	connect := func() transport.QP {
+		errc := make(chan error, 1)
+		go func() {
+			r, err := l.Accept(ctx)
+			if err == nil {
+				var q transport.QP
+				q, err = r.Accept(ctx, srv.cfg(), nil)
+				if err == nil {
+					t.Cleanup(func() { q.Close() })
+				}
+			}
+			errc <- err
+		}()
+		q, err := cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { q.Close() })
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	write := func(q transport.QP, off uint64, s string) {
+		t.Helper()
+		copy(cli.mem, s)
+		if _, err := q.PostSend(transport.SendWR{ID: 1, Opcode: transport.OpWrite, SG: cli.sge(0, len(s)), RemoteAddr: srv.mr.Addr() + off, RKey: srv.mr.RKey(), Signaled: true}); err != nil {
+			t.Fatal(err)
+		}
+		if wc := poll(t, cli.scq, 1)[0]; wc.Status != transport.StatusSuccess {
+			t.Fatalf("write: %+v", wc)
+		}
+		if got := string(srv.mem[off : off+uint64(len(s))]); got != s {
+			t.Fatalf("the peer holds %q, want %q", got, s)
+		}
+	}
+	q1, q2 := connect(), connect()
+	before := memfdRequests.Load()
+	write(q1, 100, "first")
+	if n := memfdRequests.Load() - before; n != 1 {
+		t.Fatalf("the first QP's first write asked for %d memfds, want 1", n)
+	}
+	write(q2, 200, "second")
+	if n := memfdRequests.Load() - before; n != 1 {
+		t.Fatalf("the second QP asked for the arena again (%d requests in all)", n)
+	}
+	// A key the peer never registered is still refused through the
+	// shared mapping.
+	if _, err := q2.PostSend(transport.SendWR{ID: 2, Opcode: transport.OpWrite, SG: cli.sge(0, 4), RemoteAddr: srv.mr.Addr(), RKey: srv.mr.RKey() ^ 0x5a5a, Signaled: true}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := poll(t, cli.scq, 1)[0]; wc.Status != transport.StatusRemAccessErr {
+		t.Fatalf("a write with a forged key: %+v", wc)
+	}
+}

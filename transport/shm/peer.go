@@ -3,6 +3,8 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,8 +23,51 @@ type peer struct {
 	// localCQ is the peer's receive CQ when the peer is this very process:
 	// its waiter is woken directly rather than through the socket.
 	localCQ *cq
-	held    []peerMapping          // MR table, ring arena, CQ arena
-	maps    map[uint64]peerMapping // arena id → mapping (guarded by the QP's sendMu)
+	held    []peerMapping // MR table, ring arena, CQ arena
+	// maps are the peer's data arenas mapped for this QP (guarded by
+	// the QP's sendMu): a list, as a connection maps one or two (at most
+	// sweepAt before a sweep).
+	maps []arenaMapping
+}
+
+// arenaMapping is a peer arena, by its id, and our mapping of it.
+type arenaMapping struct {
+	id uint64
+	peerMapping
+}
+
+// arenaKey names a peer arena across the QPs of a device: the peer
+// process's MR table (children keyed by uid hold several peer processes,
+// whose arena ids may collide) and the arena's id in that process.
+type arenaKey struct {
+	table fileKey
+	id    uint64
+}
+
+// maxArenaFiles bounds a device's arenaFiles: a peer that keeps making
+// dedicated arenas (one per large allocation) would otherwise grow it for
+// the device's life. It is a cache: emptied when full.
+const maxArenaFiles = 256
+
+// knownArena is another reference on the mapping of arena k, if a QP of d
+// had it handed over and this process still maps it.
+func (d *device) knownArena(k arenaKey) (peerMapping, bool) {
+	d.arenaMu.Lock()
+	f, ok := d.arenaFiles[k]
+	d.arenaMu.Unlock()
+	if !ok {
+		return peerMapping{}, false
+	}
+	return retainPeerMap(f)
+}
+
+func (d *device) noteArena(k arenaKey, f fileKey) {
+	d.arenaMu.Lock()
+	defer d.arenaMu.Unlock()
+	if d.arenaFiles == nil || len(d.arenaFiles) >= maxArenaFiles {
+		d.arenaFiles = map[arenaKey]fileKey{}
+	}
+	d.arenaFiles[k] = f
 }
 
 // newPeer maps the fds received with a connect or accept message (MR
@@ -91,12 +136,13 @@ const sweepAt = 32
 // its pages. Called with the QP's sendMu held, before a request pins
 // anything.
 func (p *peer) sweep() {
-	for id, m := range p.maps {
-		if _, ok := p.mrt.lookup(m.lastKey); !ok {
-			m.release()
-			delete(p.maps, id)
+	p.maps = slices.DeleteFunc(p.maps, func(m arenaMapping) bool {
+		if _, ok := p.mrt.lookup(m.lastKey); ok {
+			return false
 		}
-	}
+		m.release()
+		return true
+	})
 }
 
 // serveMsg serves one message from the peer's socket (on the socket
@@ -175,13 +221,26 @@ func (q *qp) deliverMemRep(b []byte, fds []int) {
 
 var errMemfd = errors.New("shm: peer memory unavailable")
 
+// memfdRequests counts the memfds this process asked its peers for.
+var memfdRequests atomic.Uint64
+
 // peerMem returns our mapping of the arena behind a peer MR, fetching it
 // over the socket on the connection's first use of it. Called with sendMu
 // held.
 func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
-	if m, ok := q.peer.maps[e.memfdID]; ok {
+	for i := range q.peer.maps {
+		if m := &q.peer.maps[i]; m.id == e.memfdID {
+			m.lastKey = e.key
+			return m.mem, nil
+		}
+	}
+	// Another connection to the same peer process may have it: the
+	// arena is the same, and every access through it is checked against
+	// the peer's MR table (key, PD, bounds, access) as a fetched one is.
+	k := arenaKey{q.peer.held[0].key, e.memfdID}
+	if m, ok := q.dev.knownArena(k); ok {
 		m.lastKey = e.key
-		q.peer.maps[e.memfdID] = m
+		q.peer.maps = append(q.peer.maps, arenaMapping{e.memfdID, m})
 		return m.mem, nil
 	}
 	q.memReqID++
@@ -194,6 +253,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 		}
 	default:
 	}
+	memfdRequests.Add(1)
 	if err := writeMsg(q.conn, encodeMemReq(req, e.memfdID, e.key)); err != nil {
 		return nil, fmt.Errorf("%w: request memfd: %v", errMemfd, err)
 	}
@@ -216,10 +276,8 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 				return nil, fmt.Errorf("%w: %v", errMemfd, err)
 			}
 			m.lastKey = e.key
-			if q.peer.maps == nil {
-				q.peer.maps = map[uint64]peerMapping{} // most connections never map more
-			}
-			q.peer.maps[e.memfdID] = m
+			q.peer.maps = append(q.peer.maps, arenaMapping{e.memfdID, m})
+			q.dev.noteArena(k, m.key)
 			return m.mem, nil
 		case <-q.hup:
 			return nil, fmt.Errorf("%w: peer gone", errMemfd)

@@ -69,6 +69,19 @@ func mapPeer(fd int, minSize int) (peerMapping, error) {
 	return peerMapping{mem: mem, key: k}, nil
 }
 
+// retainPeerMap takes one more reference on the mapping of k, if this
+// process still maps it: the file is then alive, so k still names it.
+func retainPeerMap(k fileKey) (peerMapping, bool) {
+	peerMaps.Lock()
+	defer peerMaps.Unlock()
+	sm, ok := peerMaps.m[k]
+	if !ok {
+		return peerMapping{}, false
+	}
+	sm.refs++
+	return peerMapping{mem: sm.mem, key: k}, true
+}
+
 // release drops the reference and unmaps the memfd with the last one.
 func (p *peerMapping) release() {
 	if p.mem == nil {

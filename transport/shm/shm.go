@@ -75,6 +75,14 @@ type device struct {
 	mu       sync.Mutex
 	closed   bool
 	children map[peerID]*device
+
+	// arenaFiles are the peer arenas a QP of this device had handed to
+	// it (peer.go, peerMem), so that the next QP to the same peer
+	// process takes another reference on the mapping instead of asking
+	// for the memfd again: that request was a cross-process round trip
+	// in every connection's first write.
+	arenaMu    sync.Mutex
+	arenaFiles map[arenaKey]fileKey
 }
 
 var pdIDs atomic.Uint32
