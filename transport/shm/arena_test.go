@@ -439,4 +439,12 @@ func TestSecondQPReusesPeerArena(t *testing.T) {
 	if wc := poll(t, cli.scq, 1)[0]; wc.Status != transport.StatusRemAccessErr {
 		t.Fatalf("a write with a forged key: %+v", wc)
 	}
+	// Once no connection maps the arena any more, its inode may name
+	// another file later: the next connection asks again.
+	q1.Close()
+	q2.Close()
+	write(connect(), 300, "third")
+	if n := memfdRequests.Load() - before; n != 2 {
+		t.Fatalf("after the arena was unmapped, a new QP made %d requests in all, want 2", n)
+	}
 }

@@ -49,8 +49,15 @@ type arenaKey struct {
 // the device's life. It is a cache: emptied when full.
 const maxArenaFiles = 256
 
+// knownFile is the file a peer handed over for an arena, and the mapping
+// of it made then.
+type knownFile struct {
+	key fileKey
+	sm  *sharedMap
+}
+
 // knownArena is another reference on the mapping of arena k, if a QP of d
-// had it handed over and this process still maps it.
+// had it handed over and this process has mapped it ever since.
 func (d *device) knownArena(k arenaKey) (peerMapping, bool) {
 	d.arenaMu.Lock()
 	f, ok := d.arenaFiles[k]
@@ -58,16 +65,18 @@ func (d *device) knownArena(k arenaKey) (peerMapping, bool) {
 	if !ok {
 		return peerMapping{}, false
 	}
-	return retainPeerMap(f)
+	return retainShared(f.key, f.sm)
 }
 
-func (d *device) noteArena(k arenaKey, f fileKey) {
+// noteArena records that arena k is the file of m, which the caller holds.
+func (d *device) noteArena(k arenaKey, m peerMapping) {
+	sm := sharedOf(m.key)
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
 	if d.arenaFiles == nil || len(d.arenaFiles) >= maxArenaFiles {
-		d.arenaFiles = map[arenaKey]fileKey{}
+		d.arenaFiles = map[arenaKey]knownFile{}
 	}
-	d.arenaFiles[k] = f
+	d.arenaFiles[k] = knownFile{m.key, sm}
 }
 
 // newPeer maps the fds received with a connect or accept message (MR
@@ -277,7 +286,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 			}
 			m.lastKey = e.key
 			q.peer.maps = append(q.peer.maps, arenaMapping{e.memfdID, m})
-			q.dev.noteArena(k, m.key)
+			q.dev.noteArena(k, m)
 			return m.mem, nil
 		case <-q.hup:
 			return nil, fmt.Errorf("%w: peer gone", errMemfd)

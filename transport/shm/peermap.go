@@ -69,13 +69,21 @@ func mapPeer(fd int, minSize int) (peerMapping, error) {
 	return peerMapping{mem: mem, key: k}, nil
 }
 
-// retainPeerMap takes one more reference on the mapping of k, if this
-// process still maps it: the file is then alive, so k still names it.
-func retainPeerMap(k fileKey) (peerMapping, bool) {
+// sharedOf is the mapping of k now; the caller holds a reference on it.
+func sharedOf(k fileKey) *sharedMap {
 	peerMaps.Lock()
 	defer peerMaps.Unlock()
-	sm, ok := peerMaps.m[k]
-	if !ok {
+	return peerMaps.m[k]
+}
+
+// retainShared takes one more reference on sm, the mapping of k, if it
+// was never unmapped since: this process held the file mapped all along,
+// so no other file can have taken its inode (which may wrap), and k still
+// names the file sm maps.
+func retainShared(k fileKey, sm *sharedMap) (peerMapping, bool) {
+	peerMaps.Lock()
+	defer peerMaps.Unlock()
+	if sm == nil || peerMaps.m[k] != sm {
 		return peerMapping{}, false
 	}
 	sm.refs++

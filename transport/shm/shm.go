@@ -82,7 +82,7 @@ type device struct {
 	// for the memfd again: that request was a cross-process round trip
 	// in every connection's first write.
 	arenaMu    sync.Mutex
-	arenaFiles map[arenaKey]fileKey
+	arenaFiles map[arenaKey]knownFile
 }
 
 var pdIDs atomic.Uint32
