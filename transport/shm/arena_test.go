@@ -79,6 +79,32 @@ func countFDs(t *testing.T) int {
 	return len(es)
 }
 
+// connectQP connects a QP of cli to l, accepted by a QP of srv; both are
+// closed when the test ends. It returns cli's.
+func connectQP(t *testing.T, ctx context.Context, l transport.Listener, cli, srv *side) transport.QP {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		r, err := l.Accept(ctx)
+		if err == nil {
+			var q transport.QP
+			if q, err = r.Accept(ctx, srv.cfg(), nil); err == nil {
+				t.Cleanup(func() { q.Close() })
+			}
+		}
+		errc <- err
+	}()
+	q, err := cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
 // Ten thousand idle connections per process fit in a 20,000 descriptor
 // limit only if a connection end costs its socket and nothing else.
 func TestOneDescriptorPerConnectionEnd(t *testing.T) {
@@ -91,38 +117,10 @@ func TestOneDescriptorPerConnectionEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const n = 50
-	var qps []transport.QP
-	defer func() {
-		for _, q := range qps {
-			q.Close()
-		}
-	}()
-	connect := func() {
-		errc := make(chan error, 1)
-		go func() {
-			r, err := l.Accept(ctx)
-			if err == nil {
-				var q transport.QP
-				q, err = r.Accept(ctx, srv.cfg(), nil)
-				if err == nil {
-					qps = append(qps, q)
-				}
-			}
-			errc <- err
-		}()
-		q, err := cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
-		qps = append(qps, q)
-	}
-	connect() // the first connection maps the peer's table and arenas
+	connectQP(t, ctx, l, cli, srv) // the first connection maps the peer's table and arenas
 	before := countFDs(t)
 	for range n {
-		connect()
+		connectQP(t, ctx, l, cli, srv)
 	}
 	if d := countFDs(t) - before; d != 2*n {
 		t.Fatalf("%d connections added %d descriptors, want %d (one socket per end)", n, d, 2*n)
@@ -385,29 +383,7 @@ func TestSecondQPReusesPeerArena(t *testing.T) {
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	connect := func() transport.QP {
-		errc := make(chan error, 1)
-		go func() {
-			r, err := l.Accept(ctx)
-			if err == nil {
-				var q transport.QP
-				q, err = r.Accept(ctx, srv.cfg(), nil)
-				if err == nil {
-					t.Cleanup(func() { q.Close() })
-				}
-			}
-			errc <- err
-		}()
-		q, err := cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { q.Close() })
-		if err := <-errc; err != nil {
-			t.Fatal(err)
-		}
-		return q
-	}
+	connect := func() transport.QP { return connectQP(t, ctx, l, cli, srv) }
 	write := func(q transport.QP, off uint64, s string) {
 		t.Helper()
 		copy(cli.mem, s)
