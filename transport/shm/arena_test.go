@@ -415,12 +415,36 @@ func TestSecondQPReusesPeerArena(t *testing.T) {
 	if wc := poll(t, cli.scq, 1)[0]; wc.Status != transport.StatusRemAccessErr {
 		t.Fatalf("a write with a forged key: %+v", wc)
 	}
-	// Once no connection maps the arena any more, its inode may name
-	// another file later: the next connection asks again.
+	// The device keeps the arena mapped for the connections after the
+	// last one closed (a dial loop asked for it at every dial), and lets
+	// it go with the device.
 	q1.Close()
 	q2.Close()
-	write(connect(), 300, "third")
-	if n := memfdRequests.Load() - before; n != 2 {
-		t.Fatalf("after the arena was unmapped, a new QP made %d requests in all, want 2", n)
+	q3 := connect()
+	write(q3, 300, "third")
+	if n := memfdRequests.Load() - before; n != 1 {
+		t.Fatalf("a QP after the others closed made the requests %d in all, want 1", n)
+	}
+	q3.Close()
+	d := cli.dev.(*device)
+	d.arenaMu.Lock()
+	if len(d.kept) != 1 {
+		d.arenaMu.Unlock()
+		t.Fatalf("the device keeps %d arenas, want 1", len(d.kept))
+	}
+	k := d.kept[0].m.key
+	d.arenaMu.Unlock()
+	mapped := func() bool {
+		peerMaps.Lock()
+		defer peerMaps.Unlock()
+		_, ok := peerMaps.m[k]
+		return ok
+	}
+	if !mapped() {
+		t.Fatal("the kept arena is not mapped")
+	}
+	d.releaseArenas()
+	if mapped() {
+		t.Fatal("the arena is still mapped once the device let it go")
 	}
 }

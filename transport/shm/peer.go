@@ -44,39 +44,60 @@ type arenaKey struct {
 	id    uint64
 }
 
-// maxArenaFiles bounds a device's arenaFiles: a peer that keeps making
-// dedicated arenas (one per large allocation) would otherwise grow it for
-// the device's life. It is a cache: emptied when full.
-const maxArenaFiles = 256
+// maxKeptArenas is how many peer arenas a device keeps mapped for its
+// next connections. A peer process carves its connections' rings and
+// buffers from a few 64 MiB arenas, so a handful covers them; the oldest
+// goes first.
+const maxKeptArenas = 4
 
-// knownFile is the file a peer handed over for an arena, and the mapping
-// of it made then.
-type knownFile struct {
-	key fileKey
-	sm  *sharedMap
+// keptArena is a peer arena a QP of the device had handed over, with the
+// device's own reference on its mapping.
+type keptArena struct {
+	key arenaKey
+	m   peerMapping
 }
 
-// knownArena is another reference on the mapping of arena k, if a QP of d
-// had it handed over and this process has mapped it ever since.
+// knownArena is another reference on the mapping of arena k, if the
+// device keeps it.
 func (d *device) knownArena(k arenaKey) (peerMapping, bool) {
 	d.arenaMu.Lock()
-	f, ok := d.arenaFiles[k]
-	d.arenaMu.Unlock()
-	if !ok {
-		return peerMapping{}, false
+	defer d.arenaMu.Unlock()
+	for _, a := range d.kept {
+		if a.key == k {
+			return a.m.retain(), true
+		}
 	}
-	return retainShared(f.key, f.sm)
+	return peerMapping{}, false
 }
 
-// noteArena records that arena k is the file of m, which the caller holds.
-func (d *device) noteArena(k arenaKey, m peerMapping) {
-	sm := sharedOf(m.key)
+// keepArena keeps a reference on m, the mapping of arena k, for the next
+// connections to the same peer process. Held by the device, it keeps the
+// file mapped, so its inode (which may wrap) cannot name another file
+// while k maps to it. It is given back when the device goes (releaseArenas)
+// or when newer arenas push it out.
+func (d *device) keepArena(k arenaKey, m peerMapping) {
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
-	if d.arenaFiles == nil || len(d.arenaFiles) >= maxArenaFiles {
-		d.arenaFiles = map[arenaKey]knownFile{}
+	for _, a := range d.kept {
+		if a.key == k {
+			return
+		}
 	}
-	d.arenaFiles[k] = knownFile{m.key, sm}
+	d.kept = append(d.kept, keptArena{k, m.retain()})
+	if len(d.kept) > maxKeptArenas {
+		d.kept[0].m.release()
+		d.kept = slices.Delete(d.kept, 0, 1)
+	}
+}
+
+// releaseArenas gives back the peer arenas the device kept.
+func (d *device) releaseArenas() {
+	d.arenaMu.Lock()
+	defer d.arenaMu.Unlock()
+	for i := range d.kept {
+		d.kept[i].m.release()
+	}
+	d.kept = nil
 }
 
 // newPeer maps the fds received with a connect or accept message (MR
@@ -286,7 +307,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 			}
 			m.lastKey = e.key
 			q.peer.maps = append(q.peer.maps, arenaMapping{e.memfdID, m})
-			q.dev.noteArena(k, m)
+			q.dev.keepArena(k, m)
 			return m.mem, nil
 		case <-q.hup:
 			return nil, fmt.Errorf("%w: peer gone", errMemfd)

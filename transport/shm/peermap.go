@@ -69,25 +69,12 @@ func mapPeer(fd int, minSize int) (peerMapping, error) {
 	return peerMapping{mem: mem, key: k}, nil
 }
 
-// sharedOf is the mapping of k now; the caller holds a reference on it.
-func sharedOf(k fileKey) *sharedMap {
+// retain takes one more reference on the mapping p holds one on.
+func (p peerMapping) retain() peerMapping {
 	peerMaps.Lock()
 	defer peerMaps.Unlock()
-	return peerMaps.m[k]
-}
-
-// retainShared takes one more reference on sm, the mapping of k, if it
-// was never unmapped since: this process held the file mapped all along,
-// so no other file can have taken its inode (which may wrap), and k still
-// names the file sm maps.
-func retainShared(k fileKey, sm *sharedMap) (peerMapping, bool) {
-	peerMaps.Lock()
-	defer peerMaps.Unlock()
-	if sm == nil || peerMaps.m[k] != sm {
-		return peerMapping{}, false
-	}
-	sm.refs++
-	return peerMapping{mem: sm.mem, key: k}, true
+	peerMaps.m[p.key].refs++
+	return peerMapping{mem: p.mem, key: p.key}
 }
 
 // release drops the reference and unmaps the memfd with the last one.

@@ -109,6 +109,7 @@ func (d *device) idle() bool {
 
 // drop releases an idle child's MR table and arenas.
 func (d *device) drop() error {
+	d.releaseArenas()
 	allocs.Lock()
 	err := errors.Join(d.data.drop(), d.ctl.drop())
 	allocs.Unlock()

@@ -76,13 +76,13 @@ type device struct {
 	closed   bool
 	children map[peerID]*device
 
-	// arenaFiles are the peer arenas a QP of this device had handed to
-	// it (peer.go, peerMem), so that the next QP to the same peer
-	// process takes another reference on the mapping instead of asking
-	// for the memfd again: that request was a cross-process round trip
-	// in every connection's first write.
-	arenaMu    sync.Mutex
-	arenaFiles map[arenaKey]knownFile
+	// kept are peer arenas a QP of this device had handed to it (peer.go,
+	// peerMem), kept mapped so that the next QP to the same peer process
+	// takes another reference instead of asking for the memfd again: that
+	// request was a cross-process round trip in the first write of every
+	// connection, and of every new connection after the last one closed.
+	arenaMu sync.Mutex
+	kept    []keptArena
 }
 
 var pdIDs atomic.Uint32
@@ -143,6 +143,7 @@ func (d *device) Close() error {
 			delete(d.children, id)
 		}
 	}
+	d.releaseArenas()
 	if err := d.mrs.close(); err != nil {
 		errs = append(errs, err)
 	}
