@@ -423,7 +423,7 @@ func TestSecondQPReusesPeerArena(t *testing.T) {
 	q3 := connect()
 	write(q3, 300, "third")
 	if n := memfdRequests.Load() - before; n != 1 {
-		t.Fatalf("a QP after the others closed made the requests %d in all, want 1", n)
+		t.Fatalf("with a QP opened after the others closed, %d requests in all, want 1", n)
 	}
 	q3.Close()
 	d := cli.dev.(*device)
