@@ -277,19 +277,18 @@ func (c *Conn) tcpWrite(b []byte) (int, error) {
 	}
 	for {
 		ok, flushed, err := n.hold(b)
-		switch {
-		case err != nil:
+		if err != nil {
 			return 0, c.opErr("write", err)
-		case ok:
-			return len(b), nil
-		case flushed:
-		default:
-			if err := n.waitFor(context.Background(), waitWrite, n.out); err != nil {
-				return 0, c.opErr("write", err)
-			}
-			continue
 		}
-		break
+		if ok {
+			return len(b), nil
+		}
+		if flushed {
+			break
+		}
+		if err := n.waitFor(context.Background(), waitWrite, n.out); err != nil {
+			return 0, c.opErr("write", err)
+		}
 	}
 	switch {
 	case n.flushErr != nil:
