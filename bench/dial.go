@@ -89,20 +89,19 @@ func (rep *Report) dialCosts(ctx context.Context, t network, addr string) error 
 	if err := add(rowDialRPC(), medianFirstRPC, t.dial); err != nil {
 		return err
 	}
+	if t.name != RDMA {
+		return nil
+	}
 	// A dial that has not seen the server: what the first dial of a
 	// process to each server costs.
 	first := func(ctx context.Context, addr string) (net.Conn, error) {
 		conn.ForgetServers()
 		return d(ctx, addr)
 	}
-	switch t.name {
-	case RDMA:
-		if err := add(rowFirstDial(), medianDial, handshake(first)); err != nil {
-			return err
-		}
-		return add(rowFirstDialRPC(), medianFirstRPC, first)
+	if err := add(rowFirstDial(), medianDial, handshake(first)); err != nil {
+		return err
 	}
-	return nil
+	return add(rowFirstDialRPC(), medianFirstRPC, first)
 }
 
 // handshake is dial followed by the wait for the negotiation's verdict.
