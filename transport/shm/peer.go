@@ -36,6 +36,13 @@ type arenaMapping struct {
 	peerMapping
 }
 
+// add maps the arena of e for this QP with m, a reference of its own.
+func (p *peer) add(e *mrEntry, m peerMapping) []byte {
+	m.lastKey = e.key
+	p.maps = append(p.maps, arenaMapping{e.memfdID, m})
+	return m.mem
+}
+
 // arenaKey names a peer arena across the QPs of a device: the peer
 // process's MR table (children keyed by uid hold several peer processes,
 // whose arena ids may collide) and the arena's id in that process.
@@ -269,9 +276,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	// the peer's MR table (key, PD, bounds, access) as a fetched one is.
 	k := arenaKey{q.peer.held[0].key, e.memfdID}
 	if m, ok := q.dev.knownArena(k); ok {
-		m.lastKey = e.key
-		q.peer.maps = append(q.peer.maps, arenaMapping{e.memfdID, m})
-		return m.mem, nil
+		return q.peer.add(e, m), nil
 	}
 	q.memReqID++
 	req := q.memReqID
@@ -305,10 +310,8 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %v", errMemfd, err)
 			}
-			m.lastKey = e.key
-			q.peer.maps = append(q.peer.maps, arenaMapping{e.memfdID, m})
 			q.dev.keepArena(k, m)
-			return m.mem, nil
+			return q.peer.add(e, m), nil
 		case <-q.hup:
 			return nil, fmt.Errorf("%w: peer gone", errMemfd)
 		case <-t.C:
