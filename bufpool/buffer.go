@@ -43,6 +43,27 @@ func (b *Buffer) Access() transport.Access { return b.r.key.access }
 // Owner returns who holds the buffer.
 func (b *Buffer) Owner() Owner { return b.owner }
 
+// ErrCannotReleasePages: the provider's memory stays resident while it is
+// registered (verbs pins it).
+var ErrCannotReleasePages = errors.New("bufpool: the provider cannot give a registered buffer's pages back")
+
+// CanReleasePages says whether ReleasePages can work on this buffer.
+func (b *Buffer) CanReleasePages() bool {
+	_, ok := b.r.mr.(transport.PageReleaser)
+	return ok
+}
+
+// ReleasePages gives the buffer's pages back to the system and keeps it
+// registered: they read as zeros until written again. Nobody, local or
+// remote, may write into it meanwhile.
+func (b *Buffer) ReleasePages() error {
+	pr, ok := b.r.mr.(transport.PageReleaser)
+	if !ok {
+		return ErrCannotReleasePages
+	}
+	return pr.ReleasePages()
+}
+
 // Release gives the buffer back. It keeps its registration on the free
 // list of its class and access unless that list already holds MaxFree
 // buffers or the pool is closed, in which case it is deregistered and

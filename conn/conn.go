@@ -155,10 +155,14 @@ type Conn struct {
 	eofIn   bool
 	closed  bool
 	aborted bool // the QP was put in error and disconnected
-	err     error
-	rdl     time.Time
-	wdl     time.Time
-	st      Stats
+	// Parking (park.go): peerParks, the peer's hello offered it; parked,
+	// our small direction is parked until the peer's resume; parkArmed,
+	// the idle timer is set for a park.
+	peerParks, parked, parkArmed bool
+	err                          error
+	rdl                          time.Time
+	wdl                          time.Time
+	st                           Stats
 	// SetLinger; lingerSet false: the default (background, DefaultLinger)
 	linger int
 	wg     sync.WaitGroup // the enlargement server
@@ -233,15 +237,20 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 // recvDepth: every message (data, record, credit, EOF) consumes a posted
 // receive; data and records are bounded by the credits of both rings,
 // zero-length messages by one credit message and one EOF in flight, the
-// ends of rendezvous transfers by our one read request.
+// ends of rendezvous transfers by our one read request, parks by one park
+// and one resume (park.go).
 func (c *Conn) recvDepth() int {
 	_, maxCount := c.o.maxLarge()
-	return c.o.slotCount + maxCount + 5
+	return c.o.slotCount + maxCount + 7
 }
 
 func (c *Conn) hello() hello {
 	r := c.rx[small]
-	return hello{ringAddr: r.buf.Addr(), ringRKey: r.buf.RKey(), slotSize: uint32(r.size), slotCount: uint32(r.count)}
+	h := hello{ringAddr: r.buf.Addr(), ringRKey: r.buf.RKey(), slotSize: uint32(r.size), slotCount: uint32(r.count)}
+	if c.offersParks() {
+		h.flags |= helloParks
+	}
+	return h
 }
 
 // start starts the completion loop (the provider posted the receives).
@@ -249,6 +258,7 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 	c.qp = qp
 	t := &c.tx[small]
 	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
+	c.peerParks = peer.flags&helloParks != 0
 	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
 	if pq, ok := qp.(transport.PathQP); ok {
 		// Best effort: a QP that cannot say its path still carries data.
@@ -502,7 +512,7 @@ func (c *Conn) write(b []byte) (int, error) {
 			}
 			t = &c.tx[c.sending]
 			const reserve = 1 // kept for control records
-			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
+			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) && !c.parked {
 				break
 			}
 			if stalled.IsZero() {
@@ -561,6 +571,9 @@ func (c *Conn) write(b []byte) (int, error) {
 		}
 		c.st.BytesOut += uint64(k)
 		c.st.MessagesOut++
+		if ring == small && !c.parkArmed {
+			c.armParkLocked()
+		}
 		c.mu.Unlock()
 		n += k
 		b = b[k:]
@@ -736,8 +749,8 @@ func (c *Conn) Close() error {
 	}
 	c.closed = true
 	c.closedFast.Store(true)
-	if c.enl.shrinkTimer != nil {
-		c.enl.shrinkTimer.Stop()
+	if c.enl.idleTimer != nil {
+		c.enl.idleTimer.Stop()
 	}
 	c.broadcastLocked()
 	c.mu.Unlock()

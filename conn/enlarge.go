@@ -70,11 +70,12 @@ type enlargement struct {
 	// (its ack says so), so we may go back to it; lastLarge is when data
 	// last went into the large ring; shrunk: credits for the large ring
 	// the peer sent before it saw our shrink are dropped until the next
-	// ack; shrinkTimer is armed while the direction is large.
+	// ack; idleTimer is armed for the shrink while the direction is
+	// large, and for a park (park.go) while it is small.
 	peerKeepsSmall bool
 	lastLarge      time.Time
 	shrunk         bool
-	shrinkTimer    *time.Timer
+	idleTimer      *time.Timer
 	backoff        time.Duration // after the last failure (0: none in a row)
 	retryAt        time.Time     // a failed direction asks again from then on
 	pressure       bool          // the peer asked us to shrink (pressure.go)
@@ -240,7 +241,7 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 	if r.typ == recRead {
 		need = 1
 	}
-	for c.recordOut || c.tx[c.sending].credits < need || c.posting {
+	for c.recordOut || c.tx[c.sending].credits < need || c.posting || c.parked {
 		ch := c.changed
 		if c.posting {
 			c.recordWaits = true

@@ -24,8 +24,8 @@ type pollState struct {
 	running bool
 	kicked  bool          // an event came while the loop ran: look again
 	stopped bool          // Close: no more loops
-	done    chan struct{} // closed when the running loop exits
 	stop    atomic.Bool   // stopped, read by the loop each round
+	done    chan struct{} // closed when the running loop exits
 	cancel  context.CancelFunc
 }
 
@@ -375,6 +375,9 @@ func (c *Conn) receivedLocked(imm uint32) error {
 	case kindReadEnd:
 		return c.readEndLocked(n)
 	case kindCredit:
+		if n != 0 {
+			return c.parkMessageLocked(n)
+		}
 	case kindEOF:
 		c.eofIn = true
 	case kindClose:

@@ -116,11 +116,8 @@ func (c *Conn) shrinkAskedLocked() {
 		return
 	}
 	c.enl.pressure, c.enl.pressureUntil = true, time.Now().Add(askAgain)
-	if c.enl.shrinkTimer == nil {
-		c.enl.shrinkTimer = time.AfterFunc(0, c.shrinkIfIdle)
-		return
-	}
-	c.enl.shrinkTimer.Reset(0)
+	c.parkArmed = false
+	c.armIdleLocked(0)
 }
 
 // shrinkAfter is how long the sending direction must be idle to shrink:

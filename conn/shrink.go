@@ -40,12 +40,8 @@ func (c *Conn) armShrinkLocked() {
 	if d <= 0 || !c.enl.peerKeepsSmall || c.closed {
 		return
 	}
-	wait := max(time.Until(c.enl.lastLarge.Add(d)), 0)
-	if c.enl.shrinkTimer == nil {
-		c.enl.shrinkTimer = time.AfterFunc(wait, c.shrinkIfIdle)
-		return
-	}
-	c.enl.shrinkTimer.Reset(wait)
+	c.parkArmed = false
+	c.armIdleLocked(max(time.Until(c.enl.lastLarge.Add(d)), 0))
 }
 
 // shrinkIfIdle runs on the shrink timer: it shrinks the sending direction
@@ -125,6 +121,7 @@ func (c *Conn) shrinkLocked() error {
 	}
 	c.enl.level = 0 // the next enlargement starts at the first large phase
 	c.st.Shrinks++
+	c.armParkLocked() // and, idle on, the small ring parks
 	reason := telemetry.ReasonIdle
 	if c.enl.pressure {
 		c.enl.pressure = false

@@ -54,8 +54,15 @@ type Stats struct {
 	ShrinkAsks      int
 	// Climbs: steps of our sending direction up the ladder
 	// (WithBufferPhases), each when it kept stalling on credits.
-	Climbs          int
-	SmallFreed      bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
+	Climbs int
+	// Parks of our small direction after WithIdleShrink of idleness, and
+	// ParksServed, the peer's parks here: each gave the pages of a small
+	// ring back (park.go). ParksDeclined: parks of the peer's answered
+	// without a release, our reader behind.
+	Parks, ParksServed, ParksDeclined uint32
+	SmallFreed                        bool // our small receive ring is gone (WithFreeSmallOnEnlarge)
+	// FreeSmallErrors: our small ring's memory could not be given back,
+	// freed after an enlargement or released by a park.
 	FreeSmallErrors int
 	BadRecords      int // torn or corrupt control records ignored
 	StaleRecords    int // answers to requests given up on

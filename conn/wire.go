@@ -16,7 +16,7 @@ import (
 const (
 	kindSmall   = 0 // data in the receiver's small ring
 	kindLarge   = 1 // data in the receiver's large ring
-	kindCredit  = 2 // zero-length: credits only
+	kindCredit  = 2 // zero-length: credits only (length 0), or a park or resume (park.go)
 	kindEOF     = 3 // the writer closed its direction
 	kindControl = 4 // a control record in the receiver's small ring (kindRecordL: large)
 	kindReadEnd = 5 // M5: the last segment of a read request; length = its sequence
@@ -46,12 +46,19 @@ type hello struct {
 	ringRKey  uint32
 	slotSize  uint32
 	slotCount uint32
+	flags     uint8
 }
 
 const (
 	helloMagic   = 0x52444d47 // "RDMG"
 	helloVersion = 3
-	helloLen     = 4 + 1 + 8 + 4 + 4 + 4
+	// helloLen: a version 3 peer that predates flags sends one byte less;
+	// private data arrives zero-padded, so it reads as no flags.
+	helloLen = 4 + 1 + 8 + 4 + 4 + 4 + 1
+
+	// helloParks: my small ring can give its pages back while the
+	// connection idles (park.go): park your writes into it when idle.
+	helloParks = 1
 )
 
 func (h hello) encode() []byte {
@@ -62,6 +69,7 @@ func (h hello) encode() []byte {
 	binary.BigEndian.PutUint32(b[13:], h.ringRKey)
 	binary.BigEndian.PutUint32(b[17:], h.slotSize)
 	binary.BigEndian.PutUint32(b[21:], h.slotCount)
+	b[25] = h.flags
 	return b
 }
 
@@ -71,7 +79,7 @@ var errBadHello = errors.New("conn: peer's connection parameters are not rdmagrp
 // zero-padded, so only the prefix counts.
 func decodeHello(b []byte) (hello, error) {
 	var h hello
-	if len(b) < helloLen || binary.BigEndian.Uint32(b) != helloMagic {
+	if len(b) < helloLen-1 || binary.BigEndian.Uint32(b) != helloMagic {
 		return h, errBadHello
 	}
 	if b[4] != helloVersion {
@@ -81,6 +89,9 @@ func decodeHello(b []byte) (hello, error) {
 	h.ringRKey = binary.BigEndian.Uint32(b[13:])
 	h.slotSize = binary.BigEndian.Uint32(b[17:])
 	h.slotCount = binary.BigEndian.Uint32(b[21:])
+	if len(b) >= helloLen {
+		h.flags = b[25]
+	}
 	if err := checkRing(h.slotSize, h.slotCount); err != nil {
 		return h, fmt.Errorf("%w: %v", errBadHello, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"slices"
 	"testing"
 )
 
@@ -29,13 +30,19 @@ func FuzzDecodeRecord(f *testing.F) {
 func FuzzDecodeHello(f *testing.F) {
 	f.Add(hello{ringAddr: 4096, ringRKey: 5, slotSize: 1024, slotCount: 4}.encode())
 	f.Add(make([]byte, 56))
+	// A peer from before the flags byte.
+	f.Add(hello{ringAddr: 4096, ringRKey: 5, slotSize: 1024, slotCount: 4}.encode()[:helloLen-1])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := decodeHello(b)
 		if err != nil {
 			return
 		}
-		if re := h.encode(); !bytes.Equal(re, b[:helloLen]) {
-			t.Fatalf("hello %+v re-encodes to %x, was %x", h, re, b[:helloLen])
+		want := b
+		if len(b) < helloLen {
+			want = append(slices.Clone(b), 0) // no flags
+		}
+		if re := h.encode(); !bytes.Equal(re, want[:helloLen]) {
+			t.Fatalf("hello %+v re-encodes to %x, was %x", h, re, want[:helloLen])
 		}
 	})
 }

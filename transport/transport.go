@@ -146,6 +146,16 @@ type MR interface {
 	Dereg() error
 }
 
+// PageReleaser is an MR whose pages can go back to the system while it
+// stays registered: they read as zeros afterwards, and the next write to
+// them, local or a peer's, takes fresh pages. The caller guarantees that
+// nobody writes into the region while ReleasePages runs (conn's idle
+// park). shm's memfd arenas can; pinned verbs memory cannot (the HCA
+// would keep writing into the pages it pinned).
+type PageReleaser interface {
+	ReleasePages() error
+}
+
 // CQ is a completion queue with verbs' arm-then-notify semantics:
 // ReqNotify arms the queue; the next completion added after arming makes
 // Wait return (once); Wait does not consume completions. The canonical

@@ -443,6 +443,25 @@ func (m *mr) Dereg() error {
 	return nil
 }
 
+// ReleasePages punches the region's pages out of its memfd (MADV_REMOVE):
+// they leave this process and every peer that maps the arena, and read
+// as zeros until written again. The region is page-aligned and a
+// multiple of the page size (AllocMemory), so no neighbour is touched.
+func (m *mr) ReleasePages() error {
+	if m.dead.Load() {
+		return errors.New("shm: release pages: MR deregistered")
+	}
+	// MADV_REMOVE rounds the length up to a page: a region that does not
+	// own whole pages would punch its neighbour's bytes too.
+	if ps := unix.Getpagesize(); m.addr%uint64(ps) != 0 || len(m.mem)%ps != 0 {
+		return fmt.Errorf("shm: release pages of MR key %#x: %d bytes at %#x are not whole pages", m.key, len(m.mem), m.addr)
+	}
+	if err := unix.Madvise(m.mem, unix.MADV_REMOVE); err != nil {
+		return fmt.Errorf("shm: release pages of MR key %#x: %w", m.key, err)
+	}
+	return nil
+}
+
 // slice returns the bytes [addr, addr+n) of a local MR if they are inside it.
 func (m *mr) slice(addr uint64, n uint32) ([]byte, bool) {
 	if addr < m.addr || addr-m.addr > uint64(len(m.mem)) || uint64(n) > uint64(len(m.mem))-(addr-m.addr) {

@@ -1,0 +1,201 @@
+package conn
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// resident counts the pages of b in memory (mincore): for shm's memfd
+// arenas, whether they are in the file at all, in either process.
+func resident(t *testing.T, b []byte) int {
+	t.Helper()
+	ps := unix.Getpagesize()
+	if uintptr(unsafe.Pointer(&b[0]))%uintptr(ps) != 0 {
+		t.Fatalf("ring at %p is not page-aligned", &b[0])
+	}
+	vec := make([]byte, (len(b)+ps-1)/ps)
+	_, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0])))
+	if e != 0 {
+		t.Fatalf("mincore: %v", e)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+func parkable(t *testing.T, cs ...*Conn) {
+	t.Helper()
+	for _, c := range cs {
+		if !c.offersParks() || !c.peerParks {
+			t.Skipf("provider %s cannot give a registered ring's pages back (verbs pins them): no parking", c.Stats().Provider)
+		}
+	}
+}
+
+// small messages each way: enough to write into every slot of both small
+// rings, so that all their pages are in.
+func chatter(t *testing.T, a, b *Conn) {
+	t.Helper()
+	for range 2 * DefaultSlotCount {
+		transfer(t, a, b, random(DefaultSlotSize-64), writeAll(a))
+		transfer(t, b, a, random(DefaultSlotSize-64), writeAll(b))
+	}
+}
+
+// After WithIdleShrink of no writes each direction parks, and the pages
+// of both small rings leave memory; the next writes wait for the resume,
+// find the ring again, and carry their data.
+func TestParkReleasesRingPages(t *testing.T) {
+	const d = 50 * time.Millisecond
+	a, b := conns(t, WithIdleShrink(d))
+	parkable(t, a, b)
+	chatter(t, a, b)
+	ringA, ringB := a.rx[small].buf.Bytes(), b.rx[small].buf.Bytes()
+	pages := len(ringA) / unix.Getpagesize()
+	if ra, rb := resident(t, ringA), resident(t, ringB); ra != pages || rb != pages {
+		t.Fatalf("after the traffic, %d and %d of %d ring pages are in memory; want all", ra, rb, pages)
+	}
+	last := time.Now()
+	waitFor(t, func() bool {
+		sa, sb := a.Stats(), b.Stats()
+		return sa.Parks == 1 && sb.Parks == 1 && sa.ParksServed == 1 && sb.ParksServed == 1
+	})
+	t.Logf("both directions parked %v after the last write (idle %v)", time.Since(last).Round(time.Millisecond), d)
+	if ra, rb := resident(t, ringA), resident(t, ringB); ra != 0 || rb != 0 {
+		t.Fatalf("parked, %d and %d ring pages are still in memory; want 0", ra, rb)
+	}
+	if s := a.Stats(); s.FreeSmallErrors != 0 || s.RegisteredBytes != smallBytes {
+		t.Errorf("parked: %d release errors, %d bytes registered; want 0 and %d (parking keeps the registration)", s.FreeSmallErrors, s.RegisteredBytes, smallBytes)
+	}
+	chatter(t, a, b) // each direction resumes and writes into fresh pages
+	waitFor(t, func() bool { return a.Stats().Parks == 2 && b.Stats().Parks == 2 })
+}
+
+// Writes that start while the park is on its way wait for the resume and
+// lose nothing: a writer with an idle time of a millisecond parks between
+// most of its writes, and the reader checks every sequence number.
+func TestParkRacesWrites(t *testing.T) {
+	a, b := conns(t, WithIdleShrink(time.Millisecond))
+	parkable(t, a, b)
+	const n = 3000
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 8)
+		for i := range uint64(n) {
+			if _, err := io.ReadFull(b, buf); err != nil {
+				done <- err
+				return
+			}
+			if got := binary.LittleEndian.Uint64(buf); got != i {
+				done <- errors.New("out of sequence: lost or reordered data")
+				return
+			}
+		}
+		done <- nil
+	}()
+	buf := make([]byte, 8)
+	for i := range uint64(n) {
+		binary.LittleEndian.PutUint64(buf, i)
+		if _, err := a.Write(buf); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if i%4 == 0 {
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s := a.Stats()
+	t.Logf("%d writes, %d parks", n, s.Parks)
+	if s.Parks == 0 || b.Stats().ParksServed != s.Parks {
+		t.Fatalf("%d parks, %d served: the test did not race writes with parks", s.Parks, b.Stats().ParksServed)
+	}
+}
+
+// A park that finds unread data in the ring is declined, and the pages
+// stay: the writer is not held up by its peer's reader, and parks an idle
+// period after the reader caught up.
+func TestParkDeclinedWithUnreadData(t *testing.T) {
+	a, b := conns(t, WithIdleShrink(20*time.Millisecond))
+	parkable(t, a, b)
+	msg := random(100)
+	if _, err := a.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return b.Stats().ParksDeclined >= 1 })
+	if s := a.Stats(); s.Parks != 0 || a.Err() != nil {
+		t.Fatalf("writer after a decline: %d parks, error %v; want 0 and none", s.Parks, a.Err())
+	}
+	if resident(t, b.rx[small].buf.Bytes()) == 0 {
+		t.Fatal("the ring holding unread data was released")
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(b, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("read after the decline: %v, data intact %v", err, bytes.Equal(got, msg))
+	}
+	waitFor(t, func() bool { return a.Stats().Parks == 1 && b.Stats().ParksServed == 1 })
+}
+
+// A park to a receiver that did not offer it, or an answer to a park
+// that was not sent, fails the connection.
+func TestParkProtocolViolations(t *testing.T) {
+	t.Run("not offered", func(t *testing.T) {
+		a, b := conns(t, WithProvider(faults.Name()))
+		a.mu.Lock()
+		err := a.postParkLocked(lenPark, 0)
+		a.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return b.Err() != nil })
+		if !errors.Is(b.Err(), errProtocol) {
+			t.Fatalf("error %v, want a protocol error", b.Err())
+		}
+	})
+	t.Run("answer unasked", func(t *testing.T) {
+		a, b := conns(t)
+		b.mu.Lock()
+		err := b.postParkLocked(lenResume, 0)
+		b.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return a.Err() != nil })
+		if !errors.Is(a.Err(), errProtocol) {
+			t.Fatalf("error %v, want a protocol error", a.Err())
+		}
+	})
+}
+
+// A receiver whose ring cannot give its pages back (here the fault
+// provider's registrations, which do not pass it on; verbs pins) offers
+// no parking, and its peer never parks.
+func TestNoParkWithoutOffer(t *testing.T) {
+	a, b := conns(t, WithProvider(faults.Name()), WithIdleShrink(10*time.Millisecond))
+	if a.offersParks() || a.peerParks || b.peerParks {
+		t.Fatalf("offers %v, peers park %v %v; want none", a.offersParks(), a.peerParks, b.peerParks)
+	}
+	chatter(t, a, b)
+	time.Sleep(100 * time.Millisecond)
+	if sa, sb := a.Stats(), b.Stats(); sa.Parks+sb.Parks+sa.ParksServed+sb.ParksServed != 0 {
+		t.Fatalf("parks %d/%d, served %d/%d; want none", sa.Parks, sb.Parks, sa.ParksServed, sb.ParksServed)
+	}
+}
+
+// Err is the connection's failure, for the tests.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
