@@ -123,6 +123,14 @@ func (c *Conn) parkIfIdle() {
 	}
 	c.parked = true
 	c.st.Parks++
+	// Our staging for the small ring goes too: nothing is in flight from
+	// it (every small write and record completed), and only this writer
+	// (c.wmu) and a record (c.mu) write into it.
+	if t := &c.tx[small]; t.stage != nil && t.seq == t.done && !c.recordOut && t.stage.CanReleasePages() {
+		if err := t.stage.ReleasePages(); err != nil {
+			c.st.FreeSmallErrors++
+		}
+	}
 }
 
 // postParkLocked sends a park or an answer to one, with credits for our

@@ -74,6 +74,9 @@ func TestParkReleasesRingPages(t *testing.T) {
 	if ra, rb := resident(t, ringA), resident(t, ringB); ra != 0 || rb != 0 {
 		t.Fatalf("parked, %d and %d ring pages are still in memory; want 0", ra, rb)
 	}
+	if sa, sb := resident(t, a.tx[small].stage.Bytes()), resident(t, b.tx[small].stage.Bytes()); sa != 0 || sb != 0 {
+		t.Fatalf("parked, %d and %d pages of the writers' staging are still in memory; want 0", sa, sb)
+	}
 	if s := a.Stats(); s.FreeSmallErrors != 0 || s.RegisteredBytes != smallBytes {
 		t.Errorf("parked: %d release errors, %d bytes registered; want 0 and %d (parking keeps the registration)", s.FreeSmallErrors, s.RegisteredBytes, smallBytes)
 	}

@@ -452,7 +452,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		}
 		return fail(fmt.Errorf("waiting for the connection to be established: %w", err))
 	}
-	if err := q.start(r.conn, p, local, r.RemoteAddr(), r.PeerPrivate()); err != nil {
+	if err := q.start(r.conn, p, local, r.RemoteAddr(), r.info.private, transport.PrivateLenConnect); err != nil {
 		return fail(err)
 	}
 	return q, nil
@@ -569,7 +569,7 @@ func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip
 	if err := writeMsg(c, []byte{msgReady}); err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
-	if err := q.start(c, p, local, remote, transport.PadPrivate(info.private, transport.PrivateLenAccept)); err != nil {
+	if err := q.start(c, p, local, remote, info.private, transport.PrivateLenAccept); err != nil {
 		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
 	}
 	return q, nil

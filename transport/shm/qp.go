@@ -49,7 +49,11 @@ type qp struct {
 	conn     *net.UnixConn
 	local    net.Addr
 	remote   net.Addr
-	peerPriv []byte
+	// peerPriv: the peer's private data as it sent it; PeerPrivate pads
+	// it to peerPrivLen, as rdma_cm delivers it, at each call (a padded
+	// copy kept for the connection's life cost a client end 200 B).
+	peerPriv    []byte
+	peerPrivLen uint8
 
 	sockRC syscall.RawConn // conn's, for the socket poller
 	sockFD int             // conn's descriptor while watched (sockets.mu)
@@ -179,8 +183,8 @@ func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
 }
 
 // start hands the connection's socket to the socket poller.
-func (q *qp) start(conn *net.UnixConn, p *peer, local, remote net.Addr, peerPriv []byte) error {
-	q.conn, q.peer, q.local, q.remote, q.peerPriv = conn, p, local, remote, peerPriv
+func (q *qp) start(conn *net.UnixConn, p *peer, local, remote net.Addr, peerPriv []byte, padTo uint8) error {
+	q.conn, q.peer, q.local, q.remote, q.peerPriv, q.peerPrivLen = conn, p, local, remote, peerPriv, padTo
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("shm: connection socket: %w", err)
@@ -197,7 +201,7 @@ func (q *qp) Num() uint32                   { return q.num }
 func (q *qp) State() transport.QPState      { return q.ring.state() }
 func (q *qp) LocalAddr() net.Addr           { return q.local }
 func (q *qp) RemoteAddr() net.Addr          { return q.remote }
-func (q *qp) PeerPrivate() []byte           { return q.peerPriv }
+func (q *qp) PeerPrivate() []byte           { return transport.PadPrivate(q.peerPriv, int(q.peerPrivLen)) }
 func (q *qp) Disconnected() <-chan struct{} { return q.disc }
 
 // kick runs service soon, on a goroutine of its own (kick's callers hold
