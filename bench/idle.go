@@ -44,6 +44,13 @@ type IdleResult struct {
 	// Registered memory per end (rdmagrpc only): the mean of
 	// Stats().RegisteredBytes over both ends of every connection.
 	RegPerSide float64
+	// After: how long the connections then sat idle before RSSClientIdle
+	// and RSSServerIdle were measured (0: not measured), with rdmagrpc's
+	// WithIdleShrink set to it in both processes; Parked: the share of
+	// rdmagrpc's directions that had parked by then (conn's Stats.Parks).
+	After                        time.Duration
+	RSSClientIdle, RSSServerIdle float64
+	Parked                       float64
 }
 
 // The child process: ServeIdleIfChild, called first thing in main (and
@@ -51,6 +58,7 @@ type IdleResult struct {
 const (
 	idleEnv  = "RDMABENCH_IDLE_SERVER" // the transport to listen on
 	grpcEnv  = "RDMABENCH_IDLE_GRPC"   // set: serve gRPC on it
+	afterEnv = "RDMABENCH_IDLE_AFTER"  // rdmagrpc's WithIdleShrink there
 	provEnv  = "RDMAGRPC_PROVIDER"     // conn's own variable
 	reportOp = "report"
 )
@@ -81,10 +89,18 @@ func ServeIdleIfChild() {
 
 // serveIdle listens, prints its address, accepts connections and holds
 // them, answers each "report" line on in with "held rss registered
-// lasterror", and returns when in is closed.
+// goroutines parks lasterror", and returns when in is closed.
 func serveIdle(name string, in io.Reader, out io.Writer) error {
 	var t network
-	for _, c := range transports(os.TempDir()) {
+	var opts []conn.Option
+	if v := os.Getenv(afterEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", afterEnv, err)
+		}
+		opts = append(opts, conn.WithIdleShrink(d))
+	}
+	for _, c := range transports(os.TempDir(), opts...) {
 		if c.name == name {
 			t = c
 		}
@@ -142,7 +158,7 @@ func serveIdle(name string, in io.Reader, out io.Writer) error {
 			e = strings.ReplaceAll(lastErr.Error(), "\n", " ")
 		}
 		mu.Unlock()
-		fmt.Fprintf(out, "%d %d %d %d %s\n", len(conns), r, registered(conns), settledGoroutines(), e)
+		fmt.Fprintf(out, "%d %d %d %d %d %s\n", len(conns), r, registered(conns), settledGoroutines(), parks(conns), e)
 	}
 	return nil
 }
@@ -159,6 +175,17 @@ func (r *recorder) Accept() (net.Conn, error) {
 		r.onAccept(c, err)
 	}
 	return c, err
+}
+
+// parks counts the parks of the connections' sending directions.
+func parks(conns []net.Conn) int64 {
+	var n int64
+	for _, c := range conns {
+		if rc, ok := c.(*conn.Conn); ok {
+			n += int64(rc.Stats().Parks)
+		}
+	}
+	return n
 }
 
 func registered(conns []net.Conn) int64 {
@@ -183,14 +210,16 @@ type childReport struct {
 	held       int
 	rss, reg   int64
 	goroutines int
+	parks      int64
 	err        string
 }
 
-func startChild(name, provider string, gRPC bool) (*child, error) {
+func startChild(name, provider string, gRPC bool, after time.Duration) (*child, error) {
+	more := []string{afterEnv + "=" + after.String()}
 	if gRPC {
-		return spawn(idleEnv+"="+name, provider, grpcEnv+"=1")
+		more = append(more, grpcEnv+"=1")
 	}
-	return spawn(idleEnv+"="+name, provider)
+	return spawn(idleEnv+"="+name, provider, more...)
 }
 
 // spawn starts this executable as one of the bench's children, env
@@ -237,16 +266,17 @@ func (c *child) report() (childReport, error) {
 	if err != nil {
 		return r, fmt.Errorf("idle server: %w", err)
 	}
-	f := strings.SplitN(strings.TrimSpace(line), " ", 5)
-	if len(f) != 5 {
+	f := strings.SplitN(strings.TrimSpace(line), " ", 6)
+	if len(f) != 6 {
 		return r, fmt.Errorf("idle server said %q", line)
 	}
 	r.held, _ = strconv.Atoi(f[0])
 	r.rss, _ = strconv.ParseInt(f[1], 10, 64)
 	r.reg, _ = strconv.ParseInt(f[2], 10, 64)
 	r.goroutines, _ = strconv.Atoi(f[3])
-	if f[4] != "-" {
-		r.err = f[4]
+	r.parks, _ = strconv.ParseInt(f[4], 10, 64)
+	if f[5] != "-" {
+		r.err = f[5]
 	}
 	return r, nil
 }
@@ -258,10 +288,12 @@ func (c *child) stop() {
 
 // idle opens n connections of t to a child process, one at a time (raw
 // net.Conns, or gRPC client connections that made one RPC each), and
-// measures them idle in both processes.
-func idle(ctx context.Context, t network, provider string, n int, gRPC bool) IdleResult {
+// measures them idle in both processes: once all are set up, and again
+// once they sat idle for after (rdmagrpc's WithIdleShrink in both
+// processes, which t's dial must have too).
+func idle(ctx context.Context, t network, provider string, n int, gRPC bool, after time.Duration) IdleResult {
 	res := IdleResult{Transport: t.name, GRPC: gRPC, Want: n}
-	ch, err := startChild(t.name, provider, gRPC)
+	ch, err := startChild(t.name, provider, gRPC, after)
 	if err != nil {
 		res.Err = err
 		return res
@@ -306,35 +338,51 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool) Idl
 		}
 	}
 	// Every dialed connection's other end must be accepted.
-	var after childReport
+	var set childReport
 	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if after, err = ch.report(); err != nil {
+		if set, err = ch.report(); err != nil {
 			res.Err = err
 			return res
 		}
-		if after.held >= len(dialed) || time.Now().After(wait) {
+		if set.held >= len(dialed) || time.Now().After(wait) {
 			break
 		}
 	}
 	res.Setup = time.Since(start)
 	rss1, g1 := settledRSS(), settledGoroutines()
-	res.Held = min(len(dialed), after.held)
+	res.Held = min(len(dialed), set.held)
 	if gRPC {
 		res.Held = min(res.Held, len(ccs))
 	}
 	if res.Err == nil && res.Held < n {
-		res.Err = fmt.Errorf("%d dialed, %d accepted", len(dialed), after.held)
+		res.Err = fmt.Errorf("%d dialed, %d accepted", len(dialed), set.held)
 	}
-	if res.Err != nil && after.err != "" {
-		res.Err = fmt.Errorf("%w; server: %s", res.Err, after.err)
+	if res.Err != nil && set.err != "" {
+		res.Err = fmt.Errorf("%w; server: %s", res.Err, set.err)
 	}
 	if res.Held > 0 {
 		h := float64(res.Held)
 		res.RSSClient = float64(rss1-rss0) / h
-		res.RSSServer = float64(after.rss-before.rss) / h
+		res.RSSServer = float64(set.rss-before.rss) / h
 		res.GoroutinesClient = float64(g1-g0) / h
-		res.GoroutinesServer = float64(after.goroutines-before.goroutines) / h
-		res.RegPerSide = float64(registered(dialed)+after.reg) / (2 * h)
+		res.GoroutinesServer = float64(set.goroutines-before.goroutines) / h
+		res.RegPerSide = float64(registered(dialed)+set.reg) / (2 * h)
+	}
+	if after > 0 && res.Held > 0 {
+		// The last connection's last write was just before: every
+		// direction is idle for after a moment after it.
+		time.Sleep(after + time.Second)
+		rss2 := settledRSS()
+		later, err := ch.report()
+		if err != nil {
+			res.Err = err
+			return res
+		}
+		h := float64(res.Held)
+		res.After = after
+		res.RSSClientIdle = float64(rss2-rss0) / h
+		res.RSSServerIdle = float64(later.rss-before.rss) / h
+		res.Parked = float64(parks(dialed)+later.parks-before.parks) / (2 * h)
 	}
 	return res
 }

@@ -23,6 +23,10 @@ type Config struct {
 	Idle        []int         // idle connection counts
 	Fleet       int           // fleet connections (0: no fleet figure)
 	FleetShrink time.Duration // the fleet's WithIdleShrink, time compressed
+	// IdleAfter: the idle connections' WithIdleShrink, time compressed;
+	// they are measured when set up and again once idle that long (their
+	// small rings parked). 0: only when set up.
+	IdleAfter   time.Duration
 	Enlarge     int           // fresh connections enlarged per round
 	Provider    string        // rdmagrpc's provider; "": conn's own choice
 	OneProcess  bool          // also the one-process figures (a second table)
@@ -43,6 +47,7 @@ func DefaultConfig() Config {
 		Idle:        []int{1000, 10000},
 		Fleet:       1000,
 		FleetShrink: 200 * time.Millisecond,
+		IdleAfter:   time.Second,
 		Enlarge:     10,
 		OneProcess:  true,
 	}
@@ -169,7 +174,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 					kind = "gRPC"
 				}
 				cfg.logf("idle: %d %s %s connections\n", n, kind, t.name)
-				rep.Idle = append(rep.Idle, idle(ctx, t, cfg.Provider, n, gRPC))
+				if t.name == RDMA && cfg.IdleAfter > 0 {
+					t = rdma(append(slices.Clone(cfg.ConnOptions), conn.WithIdleShrink(cfg.IdleAfter))...)
+				}
+				rep.Idle = append(rep.Idle, idle(ctx, t, cfg.Provider, n, gRPC, cfg.IdleAfter))
 			}
 		}
 	}

@@ -30,6 +30,7 @@ func main() {
 	provider := flag.String("provider", "", "rdmagrpc provider (default: conn's own choice)")
 	flag.IntVar(&cfg.Fleet, "fleet", cfg.Fleet, "fleet connections (one 256 KiB message each, idle shrink on and off; 0: none)")
 	flag.DurationVar(&cfg.FleetShrink, "fleetshrink", cfg.FleetShrink, "the fleet's idle shrink (time compressed)")
+	flag.DurationVar(&cfg.IdleAfter, "idleafter", cfg.IdleAfter, "the idle connections' idle shrink (time compressed): they are measured again once idle that long; 0: only when set up")
 	out := flag.String("o", "", "also write the tables to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run")
 	flag.BoolVar(&cfg.OneProcess, "oneprocess", cfg.OneProcess, "also measure client and server in one process (a second table, for reference)")
