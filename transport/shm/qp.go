@@ -45,10 +45,10 @@ type qp struct {
 	sgeBuf   []transport.SGE
 	memReqID uint64
 
-	peer     *peer // set before start, then read-only (its maps: sendMu)
-	conn     *net.UnixConn
-	local    net.Addr
-	remote   net.Addr
+	peer   *peer // set before start, then read-only (its maps: sendMu)
+	conn   *net.UnixConn
+	local  net.Addr
+	remote net.Addr
 	// peerPriv: the peer's private data as it sent it; PeerPrivate pads
 	// it to peerPrivLen, as rdma_cm delivers it, at each call (a padded
 	// copy kept for the connection's life cost a client end 200 B).
