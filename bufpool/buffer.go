@@ -79,6 +79,9 @@ func (b *Buffer) Release() {
 	p.mu.Lock()
 	p.takeBackLocked(r)
 	if !p.closed && r.registered && len(p.free[r.key]) < p.maxFree {
+		if p.free == nil { // made at the first Release: most pools (one per connection) never keep one
+			p.free = map[freeKey][]*region{}
+		}
 		p.free[r.key] = append(p.free[r.key], r)
 		p.freeBufs++
 		p.freeBytes += int64(r.size)

@@ -146,7 +146,6 @@ func New(dev transport.Device, pd transport.PD, opts Options) (*Pool, error) {
 		maxSize: opts.MaxSize,
 		maxFree: opts.MaxFree,
 		onReg:   opts.OnRegister,
-		free:    map[freeKey][]*region{},
 	}
 	if p.budget == nil {
 		p.budget = Default()

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,11 +70,13 @@ type cq struct {
 	fn   atomic.Pointer[func()] // SetNotify's: called instead of waking Wait
 	done chan struct{}          // closed by Close
 
-	mu      sync.Mutex
-	local   []cqe
-	rings   []*qp       // QPs whose receive completions land here
-	users   map[*qp]int // QPs using this CQ, as send and/or receive CQ
-	rr      int         // round-robin start over rings
+	mu    sync.Mutex
+	local []cqe
+	rings []*qp // QPs whose receive completions land here
+	// users: the QPs using this CQ, once as send and once as receive CQ
+	// (a list: a connection's CQ has one QP, and a map cost each 140 B).
+	users   []*qp
+	rr      int // round-robin start over rings
 	closed  bool
 	ovfSeen bool
 	tainted bool // a QP closed without its peer's word that it stopped
@@ -108,14 +111,13 @@ func newCQ(d *device, entries int) (*cq, error) {
 		return nil, fmt.Errorf("shm: create CQ: %w", err)
 	}
 	c := &cq{
-		dev:   d,
-		id:    cqIDs.Add(1),
-		cap:   entries,
-		seg:   seg,
-		hdr:   cqHeader(seg.mem),
-		woke:  make(chan struct{}, 1),
-		done:  make(chan struct{}),
-		users: map[*qp]int{},
+		dev:  d,
+		id:   cqIDs.Add(1),
+		cap:  entries,
+		seg:  seg,
+		hdr:  cqHeader(seg.mem),
+		woke: make(chan struct{}, 1),
+		done: make(chan struct{}),
 	}
 	liveCQs.Store(c.id, c)
 	return c, nil
@@ -190,7 +192,7 @@ func (c *cq) overflowLocked() {
 		return
 	}
 	c.ovfSeen = true
-	for q := range c.users {
+	for _, q := range c.users {
 		q.ring.setErr()
 		q.kick()
 	}
@@ -284,7 +286,7 @@ func (c *cq) share() (fd int, off uint64, err error) {
 func (c *cq) attach(q *qp, recv bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.users[q]++
+	c.users = append(c.users, q)
 	if recv {
 		c.rings = append(c.rings, q)
 	}
@@ -304,8 +306,8 @@ func (c *cq) detach(q *qp, recv, clean bool) {
 			}
 		}
 	}
-	if c.users[q]--; c.users[q] <= 0 {
-		delete(c.users, q)
+	if i := slices.Index(c.users, q); i >= 0 {
+		c.users = slices.Delete(c.users, i, i+1)
 	}
 	c.releaseLocked()
 }
