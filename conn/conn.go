@@ -155,10 +155,10 @@ type Conn struct {
 	eofIn   bool
 	closed  bool
 	aborted bool // the QP was put in error and disconnected
-	// Parking (park.go): peerParks, the peer's hello offered it; parked,
-	// our small direction is parked until the peer's resume; parkArmed,
-	// the idle timer is set for a park.
-	peerParks, parked, parkArmed bool
+	// Parking (park.go): offered, our hello offered it; peerParks, the
+	// peer's did; parked, our small direction is parked until the peer's
+	// answer; parkArmed, the idle timer is set for a park.
+	offered, peerParks, parked, parkArmed bool
 	err                          error
 	rdl                          time.Time
 	wdl                          time.Time
@@ -247,7 +247,7 @@ func (c *Conn) recvDepth() int {
 func (c *Conn) hello() hello {
 	r := c.rx[small]
 	h := hello{ringAddr: r.buf.Addr(), ringRKey: r.buf.RKey(), slotSize: uint32(r.size), slotCount: uint32(r.count)}
-	if c.offersParks() {
+	if c.offered = c.offersParks(); c.offered {
 		h.flags |= helloParks
 	}
 	return h

@@ -78,16 +78,20 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 		// write; atShrink: the rule is armed between the two, for the
 		// shrink record.
 		shrink, atShrink bool
+		// park: the writer's small direction parks (idle) before the
+		// write; atPark: the rule is armed before, for the park message.
+		park, atPark bool
 	}
 	var cells []cell
 	for _, ph := range []struct {
-		name   string
-		n      int
-		shrink bool
-	}{{"small", 200, false}, {"large", 100 << 10, false}, {"rendezvous", 2 << 20, false}, {"shrunk-then-large", 100 << 10, true}} {
-		cells = append(cells, cell{name: ph.name + "/clean", write: ph.n, shrink: ph.shrink})
-		cells = append(cells, cell{name: ph.name + "/close-after-write", write: ph.n, closeAfterWrite: true, shrink: ph.shrink})
-		cells = append(cells, cell{name: ph.name + "/qp-error", write: ph.n, want: "lost", shrink: ph.shrink,
+		name         string
+		n            int
+		shrink, park bool
+	}{{"small", 200, false, false}, {"large", 100 << 10, false, false}, {"rendezvous", 2 << 20, false, false},
+		{"shrunk-then-large", 100 << 10, true, false}, {"parked-then-small", 200, false, true}} {
+		cells = append(cells, cell{name: ph.name + "/clean", write: ph.n, shrink: ph.shrink, park: ph.park})
+		cells = append(cells, cell{name: ph.name + "/close-after-write", write: ph.n, closeAfterWrite: true, shrink: ph.shrink, park: ph.park})
+		cells = append(cells, cell{name: ph.name + "/qp-error", write: ph.n, want: "lost", shrink: ph.shrink, park: ph.park,
 			rule: func(qp uint32) *fault.Rule {
 				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActQPError, Nth: 2,
 					Match: func(ev *fault.Event) bool { return ev.QPNum == qp }}
@@ -95,7 +99,7 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 		for _, st := range []transport.Status{transport.StatusLocLenErr, transport.StatusLocQPOpErr, transport.StatusLocProtErr,
 			transport.StatusWRFlushErr, transport.StatusRemAccessErr, transport.StatusRemOpErr, transport.StatusRetryExcErr,
 			transport.StatusRNRRetryExcErr, transport.StatusFatalErr, transport.StatusGeneralErr} {
-			cells = append(cells, cell{name: ph.name + "/" + strings.ReplaceAll(st.String(), " ", "-"), write: ph.n, want: st.String(), shrink: ph.shrink,
+			cells = append(cells, cell{name: ph.name + "/" + strings.ReplaceAll(st.String(), " ", "-"), write: ph.n, want: st.String(), shrink: ph.shrink, park: ph.park,
 				rule: func(qp uint32) *fault.Rule {
 					return &fault.Rule{Op: fault.OpCompletion, Action: fault.ActStatus, Status: st, Nth: 2,
 						Match: func(ev *fault.Event) bool { return ev.QPNum == qp && ev.WC.Opcode == transport.WCRDMAWrite }}
@@ -131,17 +135,41 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActCorrupt, Offset: -1,
 					Match: func(ev *fault.Event) bool { return ev.QPNum == qp && isLargeRecord(recShrink)(ev) }}
 			}},
+		// The park message: its post fails, its completion fails. The
+		// writer waits for an answer that cannot come: the connection
+		// must fail, not hang.
+		cell{name: "parking/qp-error", write: 200, want: "lost", park: true, atPark: true,
+			rule: func(qp uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpPostSend, Action: fault.ActQPError,
+					Match: func(ev *fault.Event) bool { return ev.QPNum == qp && isPark(ev) }}
+			}},
+		cell{name: "parking/remote-access-error", write: 200, want: transport.StatusRemAccessErr.String(), park: true, atPark: true,
+			rule: func(qp uint32) *fault.Rule {
+				return &fault.Rule{Op: fault.OpCompletion, Action: fault.ActStatus, Status: transport.StatusRemAccessErr,
+					Match: func(ev *fault.Event) bool { return ev.QPNum == qp && ev.WC.ID == idPark }}
+			}},
 	)
 	for _, tc := range cells {
 		t.Run(tc.name, func(t *testing.T) {
 			goroutines := goleak.IgnoreCurrent()
 			budget := bufpool.NewBudget(0)
 			opts := []Option{WithProvider(leaks.Name()), WithBudget(budget), WithRendezvousThreshold(1 << 20)}
-			if tc.shrink {
+			if tc.shrink || tc.park {
 				opts = append(opts, WithIdleShrink(20*time.Millisecond))
 			}
 			a, b := conns(t, opts...)
+			if tc.atPark { // the rule needs the QP's number: now it is known
+				h := leaks.MustAdd(*tc.rule(a.qp.Num()))
+				defer h.Remove()
+			}
 			transfer(t, a, b, random(10), writeAll(a)) // connected and working
+			if tc.park {
+				waitFor(t, func() bool {
+					a.mu.Lock()
+					defer a.mu.Unlock()
+					return a.st.Parks >= 1 || a.err != nil
+				})
+			}
 			if tc.shrink {
 				transfer(t, a, b, random(100<<10), writeAll(a)) // enlarged
 				if tc.atShrink {
@@ -154,7 +182,7 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 					return a.st.Shrinks == 1 || a.err != nil
 				})
 			}
-			if tc.rule != nil && !tc.atShrink {
+			if tc.rule != nil && !tc.atShrink && !tc.atPark {
 				h := leaks.MustAdd(*tc.rule(a.qp.Num()))
 				defer h.Remove()
 			}
@@ -204,4 +232,13 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 			noLeaks(t, budget, goroutines)
 		})
 	}
+}
+
+// isPark matches a park message.
+func isPark(ev *fault.Event) bool {
+	if ev.Send == nil || ev.Send.Opcode != transport.OpWriteWithImm {
+		return false
+	}
+	k, _, _, n := decodeImm(ev.Send.Imm)
+	return k == kindCredit && n == lenPark
 }

@@ -2,6 +2,7 @@ package conn
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -55,8 +56,11 @@ const (
 // offersParks: our small ring's pages can go back while the connection
 // idles, so the peer may park its writes into it.
 func (c *Conn) offersParks() bool {
-	return c.rx[small].buf != nil && c.rx[small].buf.CanReleasePages()
+	return offerParks.Load() && c.rx[small].buf != nil && c.rx[small].buf.CanReleasePages()
 }
+
+// offerParks: tests turn it off to see a receiver that does not offer.
+var offerParks = func() *atomic.Bool { var b atomic.Bool; b.Store(true); return &b }()
 
 // armIdleLocked (re)arms the connection's idle timer to fire after wait:
 // the shrink of a large direction and the park of a small one share it.
@@ -154,7 +158,7 @@ func (c *Conn) parkMessageLocked(n int) error {
 	switch n {
 	case lenPark:
 		r := &c.rx[small]
-		if !c.offersParks() {
+		if !c.offered {
 			return fmt.Errorf("%w: park of a ring that was not offered for parking", errProtocol)
 		}
 		credits := min(r.freed, maxCredits)

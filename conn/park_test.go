@@ -154,7 +154,8 @@ func TestParkDeclinedWithUnreadData(t *testing.T) {
 // that was not sent, fails the connection.
 func TestParkProtocolViolations(t *testing.T) {
 	t.Run("not offered", func(t *testing.T) {
-		a, b := conns(t, WithProvider(faults.Name()))
+		noOffers(t)
+		a, b := conns(t)
 		a.mu.Lock()
 		err := a.postParkLocked(lenPark, 0)
 		a.mu.Unlock()
@@ -181,11 +182,18 @@ func TestParkProtocolViolations(t *testing.T) {
 	})
 }
 
-// A receiver whose ring cannot give its pages back (here the fault
-// provider's registrations, which do not pass it on; verbs pins) offers
-// no parking, and its peer never parks.
+// noOffers makes the connections set up until the test ends offer no
+// parking, as over verbs, whose pinned memory cannot give pages back.
+func noOffers(t *testing.T) {
+	offerParks.Store(false)
+	t.Cleanup(func() { offerParks.Store(true) })
+}
+
+// A receiver that cannot give its ring's pages back offers no parking,
+// and its peer never parks.
 func TestNoParkWithoutOffer(t *testing.T) {
-	a, b := conns(t, WithProvider(faults.Name()), WithIdleShrink(10*time.Millisecond))
+	noOffers(t)
+	a, b := conns(t, WithIdleShrink(10*time.Millisecond))
 	if a.offersParks() || a.peerParks || b.peerParks {
 		t.Fatalf("offers %v, peers park %v %v; want none", a.offersParks(), a.peerParks, b.peerParks)
 	}

@@ -177,6 +177,9 @@ func (p *pd) RegMR(mem []byte, access transport.Access) (transport.MR, error) {
 	p.mu.Lock()
 	p.mrs[m.LKey()] = m
 	p.mu.Unlock()
+	if _, ok := m.(transport.PageReleaser); ok {
+		return releasingMR{w}, nil // conn parks idle rings over it (shm)
+	}
 	return w, nil
 }
 
@@ -241,6 +244,11 @@ func (m *mr) Dereg() error {
 	})
 	return nil
 }
+
+// releasingMR is an mr whose inner MR can give its pages back.
+type releasingMR struct{ *mr }
+
+func (m releasingMR) ReleasePages() error { return m.MR.(transport.PageReleaser).ReleasePages() }
 
 type listener struct {
 	dev   *device
