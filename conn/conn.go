@@ -159,10 +159,10 @@ type Conn struct {
 	// peer's did; parked, our small direction is parked until the peer's
 	// answer; parkArmed, the idle timer is set for a park.
 	offered, peerParks, parked, parkArmed bool
-	err                          error
-	rdl                          time.Time
-	wdl                          time.Time
-	st                           Stats
+	err                                   error
+	rdl                                   time.Time
+	wdl                                   time.Time
+	st                                    Stats
 	// SetLinger; lingerSet false: the default (background, DefaultLinger)
 	linger int
 	wg     sync.WaitGroup // the enlargement server
