@@ -41,6 +41,7 @@ type soakFigures struct {
 	corrupt                               atomic.Int64
 	lingered, tight, shortReads           atomic.Int64
 	shrinks                               atomic.Int64
+	parks                                 atomic.Int64
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -264,6 +265,7 @@ func soakCount(f *soakFigures, cs ...*Conn) {
 		s := c.Stats()
 		f.enlargements.Add(int64(s.Enlargements))
 		f.shrinks.Add(int64(s.Shrinks))
+		f.parks.Add(int64(s.Parks))
 		f.rendezvous.Add(int64(s.Rendezvous))
 		f.fallbacks.Add(int64(s.RendezvousFallbacks))
 		f.shortReads.Add(int64(s.RendezvousShortReads))
@@ -364,8 +366,8 @@ func TestSoak(t *testing.T) {
 		leaked++
 		t.Errorf("goroutines left: %v", err)
 	}
-	t.Logf("soak: %v, seed base %#x: conns=%d sessions=%d messages=%d bytes=%d enlargements=%d shrinks=%d rendezvous=%d fallbacks=%d short-reads=%d tight-budget-sessions=%d closes=%d closes-after-write=%d read-deadline-hits=%d write-deadline-hits=%d corruption=%d leaks=%d failures=%d",
-		elapsed.Round(time.Millisecond), base, f.conns.Load(), f.sessions.Load(), f.msgs.Load(), f.bytes.Load(), f.enlargements.Load(), f.shrinks.Load(), f.rendezvous.Load(), f.fallbacks.Load(),
+	t.Logf("soak: %v, seed base %#x: conns=%d sessions=%d messages=%d bytes=%d enlargements=%d shrinks=%d parks=%d rendezvous=%d fallbacks=%d short-reads=%d tight-budget-sessions=%d closes=%d closes-after-write=%d read-deadline-hits=%d write-deadline-hits=%d corruption=%d leaks=%d failures=%d",
+		elapsed.Round(time.Millisecond), base, f.conns.Load(), f.sessions.Load(), f.msgs.Load(), f.bytes.Load(), f.enlargements.Load(), f.shrinks.Load(), f.parks.Load(), f.rendezvous.Load(), f.fallbacks.Load(),
 		f.shortReads.Load(), f.tight.Load(), f.closes.Load(), f.lingered.Load(), f.readDeadlines.Load(), f.writeDeadlines.Load(), f.corrupt.Load(), leaked, len(failures))
 	for i, err := range failures {
 		if i == 20 {
