@@ -511,8 +511,12 @@ func (c *Conn) write(b []byte) (int, error) {
 				return n, nil
 			}
 			t = &c.tx[c.sending]
+			if c.parked { // the answer to our park: a round trip, not a stall
+				c.waitLocked(ch, c.wdl)
+				continue
+			}
 			const reserve = 1 // kept for control records
-			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) && !c.parked {
+			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
 				break
 			}
 			if stalled.IsZero() {

@@ -81,6 +81,9 @@ func TestParkReleasesRingPages(t *testing.T) {
 		t.Errorf("parked: %d release errors, %d bytes registered; want 0 and %d (parking keeps the registration)", s.FreeSmallErrors, s.RegisteredBytes, smallBytes)
 	}
 	chatter(t, a, b) // each direction resumes and writes into fresh pages
+	if sa, sb := a.Stats(), b.Stats(); sa.CreditStalls+sb.CreditStalls != 0 {
+		t.Errorf("%d and %d credit stalls: a write waiting for the answer to its park is not one", sa.CreditStalls, sb.CreditStalls)
+	}
 	waitFor(t, func() bool { return a.Stats().Parks == 2 && b.Stats().Parks == 2 })
 }
 
@@ -153,33 +156,32 @@ func TestParkDeclinedWithUnreadData(t *testing.T) {
 // A park to a receiver that did not offer it, or an answer to a park
 // that was not sent, fails the connection.
 func TestParkProtocolViolations(t *testing.T) {
-	t.Run("not offered", func(t *testing.T) {
-		noOffers(t)
-		a, b := conns(t)
-		a.mu.Lock()
-		err := a.postParkLocked(lenPark, 0)
-		a.mu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, func() bool { return b.Err() != nil })
-		if !errors.Is(b.Err(), errProtocol) {
-			t.Fatalf("error %v, want a protocol error", b.Err())
-		}
-	})
-	t.Run("answer unasked", func(t *testing.T) {
-		a, b := conns(t)
-		b.mu.Lock()
-		err := b.postParkLocked(lenResume, 0)
-		b.mu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, func() bool { return a.Err() != nil })
-		if !errors.Is(a.Err(), errProtocol) {
-			t.Fatalf("error %v, want a protocol error", a.Err())
-		}
-	})
+	for _, tc := range []struct {
+		name    string
+		offer   bool
+		msg     int
+		reverse bool // the server sends it, the client must fail
+	}{{"not offered", false, lenPark, false}, {"answer unasked", true, lenResume, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !tc.offer {
+				noOffers(t)
+			}
+			from, to := conns(t)
+			if tc.reverse {
+				from, to = to, from
+			}
+			from.mu.Lock()
+			err := from.postParkLocked(tc.msg, 0)
+			from.mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { return to.Err() != nil })
+			if !errors.Is(to.Err(), errProtocol) {
+				t.Fatalf("error %v, want a protocol error", to.Err())
+			}
+		})
+	}
 }
 
 // noOffers makes the connections set up until the test ends offer no
