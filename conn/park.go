@@ -161,6 +161,11 @@ func (c *Conn) parkMessageLocked(n int) error {
 		if !c.offered {
 			return fmt.Errorf("%w: park of a ring that was not offered for parking", errProtocol)
 		}
+		if r.buf == nil {
+			// Freed once the peer enlarged (WithFreeSmallOnEnlarge): a
+			// peer that parks into it does not write there either.
+			return fmt.Errorf("%w: park of a small ring that is gone", errProtocol)
+		}
 		credits := min(r.freed, maxCredits)
 		r.freed -= credits
 		if r.arrived != r.released {

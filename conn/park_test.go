@@ -161,14 +161,26 @@ func TestParkProtocolViolations(t *testing.T) {
 		offer   bool
 		msg     int
 		reverse bool // the server sends it, the client must fail
-	}{{"not offered", false, lenPark, false}, {"answer unasked", true, lenResume, true}} {
+		// freed: the receiver freed its small ring once the sender
+		// enlarged (WithFreeSmallOnEnlarge), so there is nothing to park.
+		freed bool
+	}{{"not offered", false, lenPark, false, false}, {"answer unasked", true, lenResume, true, false},
+		{"small ring freed", true, lenPark, false, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !tc.offer {
 				noOffers(t)
 			}
-			from, to := conns(t)
+			var opts []Option
+			if tc.freed {
+				opts = append(opts, WithFreeSmallOnEnlarge())
+			}
+			from, to := conns(t, opts...)
 			if tc.reverse {
 				from, to = to, from
+			}
+			if tc.freed {
+				transfer(t, from, to, random(256<<10), writeAll(from))
+				waitFor(t, func() bool { return to.Stats().SmallFreed })
 			}
 			from.mu.Lock()
 			err := from.postParkLocked(tc.msg, 0)
