@@ -31,32 +31,39 @@ func (q *stubQP) Close() error                                  { return nil }
 
 // fuzzMemory is registered memory shared by every run of FuzzPeerInput
 // in a process: rings to land messages in and a message held for the
-// peer, as a connection in the middle of its life has.
-var fuzzMemory = sync.OnceValues(func() (mem [4]*bufpool.Buffer, err error) {
+// peer, as a connection in the middle of its life has, and the pool
+// they come from, which lends each run its large ring (a shrink record
+// discards it).
+var fuzzMemory = sync.OnceValues(func() (fm fuzzMem, err error) {
 	p, err := transport.Get("shm")
 	if err != nil {
-		return mem, err
+		return fm, err
 	}
 	dev, err := p.Open("")
 	if err != nil {
-		return mem, err
+		return fm, err
 	}
 	pd, err := dev.AllocPD()
 	if err != nil {
-		return mem, err
+		return fm, err
 	}
-	pool, err := bufpool.New(dev, pd, bufpool.Options{Budget: bufpool.NewBudget(0)})
-	if err != nil {
-		return mem, err
+	if fm.pool, err = bufpool.New(dev, pd, bufpool.Options{Budget: bufpool.NewBudget(0)}); err != nil {
+		return fm, err
 	}
-	rw := transport.AccessLocalWrite | transport.AccessRemoteWrite
-	for i, sz := range []int{DefaultSlotSize * DefaultSlotCount, DefaultLargeSize * DefaultLargeCount, 64 << 10, DefaultSlotSize * DefaultSlotCount} {
-		if mem[i], err = pool.Get(1, sz, rw); err != nil {
-			return mem, err
+	for i, sz := range []int{DefaultSlotSize * DefaultSlotCount, 64 << 10, DefaultSlotSize * DefaultSlotCount} {
+		if fm.mem[i], err = fm.pool.Get(1, sz, rwAccess); err != nil {
+			return fm, err
 		}
 	}
-	return mem, nil
+	return fm, nil
 })
+
+type fuzzMem struct {
+	pool *bufpool.Pool
+	mem  [3]*bufpool.Buffer // small ring, rendezvous message, small staging
+}
+
+const rwAccess = transport.AccessLocalWrite | transport.AccessRemoteWrite
 
 // fuzzConn is a connection enlarged in both directions, waiting for the
 // ack of its enlargement request 1 (the answer is then ignored: it has
@@ -64,25 +71,34 @@ var fuzzMemory = sync.OnceValues(func() (mem [4]*bufpool.Buffer, err error) {
 // rendezvous message for the peer (advert 1, token 7), whose completion
 // loop is fed by the fuzzer.
 func fuzzConn(t *testing.T) (*Conn, *stubQP, *advert) {
-	mem, err := fuzzMemory()
+	fm, err := fuzzMemory()
 	if err != nil {
 		t.Skip("no shm device:", err)
 	}
+	mem := fm.mem
 	o := defaults()
 	if err := o.validate(); err != nil {
 		t.Fatal(err)
 	}
+	largeRing, err := fm.pool.Get(1, o.largeSize*o.largeCount, rwAccess)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shrink record discards it first: a second give-back is counted
+	// by the pool, nothing more.
+	t.Cleanup(largeRing.Release)
 	clear(mem[0].Bytes()) // what earlier runs landed
-	clear(mem[1].Bytes())
+	clear(largeRing.Bytes())
 	q := &stubQP{}
-	c := &Conn{id: 1, o: &o, qp: q, changed: make(chan struct{})}
+	// offered: our hello offered parking, so the fuzzer reaches it.
+	c := &Conn{id: 1, o: &o, qp: q, pool: fm.pool, changed: make(chan struct{}), offered: true}
 	c.rx[small] = newRxRing(mem[0], o.slotSize, o.slotCount)
-	c.rx[large] = newRxRing(mem[1], o.largeSize, o.largeCount)
-	c.tx[small] = txRing{addr: 1 << 20, rkey: 5, size: o.slotSize, count: o.slotCount, credits: 1, stage: mem[3], stageSize: o.slotSize, stageSlots: o.slotCount - 1}
+	c.rx[large] = newRxRing(largeRing, o.largeSize, o.largeCount)
+	c.tx[small] = txRing{addr: 1 << 20, rkey: 5, size: o.slotSize, count: o.slotCount, credits: 1, stage: mem[2], stageSize: o.slotSize, stageSlots: o.slotCount - 1}
 	c.tx[large] = txRing{addr: 1 << 30, rkey: 6, size: o.largeSize, count: o.largeCount, credits: 1}
 	c.sending = large
 	c.enl = enlargement{phase: phaseSmall, reqSeq: 1, waiting: true, serving: true}
-	a := &advert{seq: 1, token: 7, buf: mem[2], size: 40000}
+	a := &advert{seq: 1, token: 7, buf: mem[1], size: 40000}
 	c.rdv.seq = 1
 	c.rdv.out = []*advert{a}
 	return c, q, a
@@ -116,16 +132,19 @@ func FuzzPeerInput(f *testing.F) {
 		b := binary.BigEndian.AppendUint32(nil, encodeImm(kind, ring, credits, n))
 		return append(append(b, 0, byte(len(payload))), payload...)
 	}
-	mem, err := fuzzMemory()
+	fm, err := fuzzMemory()
 	if err != nil {
 		f.Skip("no shm device:", err)
 	}
-	src := mem[2].Addr()
+	src := fm.mem[1].Addr()
 	f.Add(msg(kindSmall, small, 1, 5, 'h', 'e', 'l', 'l', 'o'))
 	f.Add(msg(kindLarge, large, 3, 40000))
 	f.Add(msg(kindCredit, small, 3, 0))
 	f.Add(append(msg(kindEOF, small, 0, 0), msg(kindSmall, small, 0, 1, 'x')...))
 	f.Add(msg(kindClose, small, 0, 0))
+	f.Add(msg(kindCredit, small, 0, lenPark))
+	f.Add(msg(kindCredit, small, 2, lenDecline))
+	f.Add(rec(record{typ: recShrink}))
 	f.Add(msg(kindReadEnd, small, 0, 1))
 	f.Add(rec(record{typ: recRequest, seq: 1, size: DefaultLargeSize, count: DefaultLargeCount}))
 	f.Add(rec(record{typ: recAck, seq: 1, addr: 1 << 32, rkey: 9, size: DefaultLargeSize, count: DefaultLargeCount}))
@@ -159,8 +178,10 @@ func FuzzPeerInput(f *testing.F) {
 				if kind == kindLarge || kind == kindRecordL {
 					r = &c.rx[large]
 				}
-				slot := int(r.arrived % uint64(r.count))
-				copy(r.buf.Bytes()[slot*r.size:(slot+1)*r.size], payload)
+				if r.buf != nil { // gone after a shrink: receivedLocked refuses it
+					slot := int(r.arrived % uint64(r.count))
+					copy(r.buf.Bytes()[slot*r.size:(slot+1)*r.size], payload)
+				}
 			}
 			sent := len(q.sent)
 			if err := c.receivedLocked(imm); err != nil {
