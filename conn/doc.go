@@ -46,6 +46,11 @@
 // RDMA WRITE straight into the reader's registered destination
 // (rendezvous.go), in chunks of WithRendezvousChunk.
 //
+// Memory follows traffic back down: a direction whose large buffers
+// carried nothing for WithIdleShrink shrinks to its small ring, and a
+// small direction idle as long parks, its ring's pages given back to the
+// system until its next write (park.go; shm only, as verbs pins memory).
+//
 // Registered memory is bounded by a process-wide budget (bufpool); when it
 // is spent, enlargements are refused and rendezvous falls back to the
 // rings rather than failing. OpenTelemetry spans mark each connection,
