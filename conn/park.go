@@ -56,11 +56,11 @@ const (
 // offersParks: our small ring's pages can go back while the connection
 // idles, so the peer may park its writes into it.
 func (c *Conn) offersParks() bool {
-	return offerParks.Load() && c.rx[small].buf != nil && c.rx[small].buf.CanReleasePages()
+	return !withholdParks.Load() && c.rx[small].buf != nil && c.rx[small].buf.CanReleasePages()
 }
 
-// offerParks: tests turn it off to see a receiver that does not offer.
-var offerParks = func() *atomic.Bool { var b atomic.Bool; b.Store(true); return &b }()
+// withholdParks: tests set it to see a receiver that does not offer.
+var withholdParks atomic.Bool
 
 // armIdleLocked (re)arms the connection's idle timer to fire after wait:
 // the shrink of a large direction and the park of a small one share it.

@@ -199,8 +199,8 @@ func TestParkProtocolViolations(t *testing.T) {
 // noOffers makes the connections set up until the test ends offer no
 // parking, as over verbs, whose pinned memory cannot give pages back.
 func noOffers(t *testing.T) {
-	offerParks.Store(false)
-	t.Cleanup(func() { offerParks.Store(true) })
+	withholdParks.Store(true)
+	t.Cleanup(func() { withholdParks.Store(false) })
 }
 
 // A receiver that cannot give its ring's pages back offers no parking,
