@@ -160,3 +160,38 @@ func TestConnShrinkMarker(t *testing.T) {
 		t.Fatalf("shrink outcomes %v, want %d shrunk and %d served", outcomes, n, n)
 	}
 }
+
+// Parks reach the marker too: the writer's, once the reader released its
+// ring and answered, and the reader's release, as KindPark.
+func TestConnParkMarker(t *testing.T) {
+	requireRoot(t)
+	b := connBuilds[0]
+	bin := buildConn(t, b.name, b.flags)
+	const n = 4
+	tg := startTarget(t, bin, "-n", "4", "-park")
+	tr, err := Open(Options{PID: tg.cmd.Process.Pid})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer tr.Close()
+	if _, err := tr.AttachGoFuncs(bin, KnownGoFuncs); err != nil {
+		t.Fatalf("AttachGoFuncs: %v", err)
+	}
+	tg.run(t)
+	outcomes := map[uint32]int{}
+	for _, ev := range drain(t, tr) {
+		if ev.Kind == KindEnlargement || ev.Kind == KindShrink {
+			t.Errorf("%v event %+v: the pairs only wrote 100 bytes", ev.Kind, ev)
+		}
+		if ev.Kind != KindPark {
+			continue
+		}
+		outcomes[ev.Outcome]++
+		if ev.FromSize != 1024 || ev.ToSize != 0 || ev.ConnID == 0 {
+			t.Errorf("park event %+v: want 1024 → 0 on a connection", ev)
+		}
+	}
+	if outcomes[OutcomeParked] != n || outcomes[OutcomeParkServed] != n || len(outcomes) != 2 {
+		t.Fatalf("park outcomes %v, want %d parked and %d served", outcomes, n, n)
+	}
+}

@@ -108,6 +108,8 @@ func decodeGo(ev *Event, raw *probesEvent, fn *GoFunc) {
 			ev.Kind = KindConnection
 		case ev.Outcome == OutcomeShrunk || ev.Outcome == OutcomeShrinkServed:
 			ev.Kind = KindShrink
+		case ev.Outcome == OutcomeParked || ev.Outcome == OutcomeParkServed:
+			ev.Kind = KindPark
 		}
 		return
 	}

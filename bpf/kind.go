@@ -17,6 +17,11 @@ const (
 	// (OutcomeShrunk) or the peer's, whose large ring was dropped here
 	// (OutcomeShrinkServed).
 	KindShrink
+	// KindPark: an idle small direction parked and the pages of its ring
+	// went back (conn's park.go), on the enlargement marker too: ours
+	// (OutcomeParked) or the peer's, whose ring we released
+	// (OutcomeParkServed).
+	KindPark
 )
 
 // The enlargement marker's outcome codes of connection events (conn's
@@ -29,6 +34,10 @@ const (
 	// Shrink codes (conn's outcomeShrunk, outcomeShrinkServed).
 	OutcomeShrunk       = 10
 	OutcomeShrinkServed = 11
+
+	// Park codes (conn's outcomeParked, outcomeParkServed).
+	OutcomeParked     = 12
+	OutcomeParkServed = 13
 )
 
 func (k Kind) String() string {
@@ -45,6 +54,8 @@ func (k Kind) String() string {
 		return "conn"
 	case KindShrink:
 		return "shrink"
+	case KindPark:
+		return "park"
 	}
 	return "unknown"
 }

@@ -50,10 +50,14 @@ const (
 	// ring dropped here.
 	outcomeShrunk
 	outcomeShrinkServed
+	// Parks (park.go): our small direction parked, the peer having
+	// released its ring's pages; the peer's parked, our ring released.
+	outcomeParked
+	outcomeParkServed
 )
 
 var outcomeNames = [...]string{"", "enlarged", "refused by peer", "ack timed out", "local registration failed", "served", "refused",
-	"opened over RDMA", "opened over TCP", "closed", "shrunk", "shrink served"}
+	"opened over RDMA", "opened over TCP", "closed", "shrunk", "shrink served", "parked", "park served"}
 
 // enlargement is the state of M3 on both sides of a connection.
 type enlargement struct {

@@ -178,6 +178,7 @@ func (c *Conn) parkMessageLocked(n int) error {
 			c.st.FreeSmallErrors++ // still resident: only memory is lost
 		}
 		c.st.ParksServed++
+		enlargementMarker(c.id, uint32(r.size), 0, 0, outcomeParkServed)
 		return c.postParkLocked(lenResume, credits)
 	case lenResume, lenDecline:
 		if !c.parked {
@@ -187,7 +188,9 @@ func (c *Conn) parkMessageLocked(n int) error {
 		if n == lenDecline {
 			c.st.Parks--
 			c.armParkLocked()
+			return nil
 		}
+		enlargementMarker(c.id, uint32(c.tx[small].size), 0, 0, outcomeParked)
 		return nil
 	}
 	return fmt.Errorf("%w: credit message of length %d", errProtocol, n)

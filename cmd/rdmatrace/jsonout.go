@@ -54,6 +54,7 @@ type jsonSummary struct {
 	P99Ns        int64   `json:"p99_ns"`
 	Enlargements uint64  `json:"enlargements"`
 	Shrinks      uint64  `json:"shrinks"`
+	Parks        uint64  `json:"parks"`
 	RegsPerSec   float64 `json:"regs_per_sec"`
 	// Connections by phase, from the enlargement markers.
 	LargeSend int `json:"large_send_connections"`
@@ -119,7 +120,7 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 			Regs: p.Regs, RegFails: p.RegFails, Deregs: p.Deregs, Reregs: p.Reregs,
 			Registered: p.Registered, Live: p.Live(),
 			P50Ns: int64(p.Percentile(0.5)), P99Ns: int64(p.Percentile(0.99)),
-			Enlargements: p.Enlargements, Shrinks: p.Shrinks,
+			Enlargements: p.Enlargements, Shrinks: p.Shrinks, Parks: p.Parks,
 			RegsPerSec: float64(p.Regs+p.RegFails) / elapsed.Seconds(),
 		})
 	}
@@ -139,7 +140,7 @@ func toJSON(ev bpf.Event) jsonEvent {
 		ConnID: ev.ConnID, FromSize: ev.FromSize, ToSize: ev.ToSize,
 		EnlargeDurationNs: int64(ev.EnlargeDuration), Outcome: ev.Outcome,
 	}
-	if ev.Kind == bpf.KindEnlargement || ev.Kind == bpf.KindConnection || ev.Kind == bpf.KindShrink {
+	if ev.Kind == bpf.KindEnlargement || ev.Kind == bpf.KindConnection || ev.Kind == bpf.KindShrink || ev.Kind == bpf.KindPark {
 		j.OutcomeName = conn.EnlargeOutcome(ev.Outcome)
 	}
 	return j

@@ -172,8 +172,8 @@ func TestLiveViewTmux(t *testing.T) {
 		s := screen()
 		for line := range strings.Lines(s) {
 			f := strings.Fields(line)
-			if strings.HasPrefix(line, row) && len(f) == 12 &&
-				f[3] == "600" && f[4] == "8" && f[5] == "600" && f[6] == "37.5MiB" && f[7] == "0B" && f[10] == "12" && f[11] == "0" {
+			if strings.HasPrefix(line, row) && len(f) == 13 &&
+				f[3] == "600" && f[4] == "8" && f[5] == "600" && f[6] == "37.5MiB" && f[7] == "0B" && f[10] == "12" && f[11] == "0" && f[12] == "0" {
 				return true, s
 			}
 		}
@@ -227,7 +227,7 @@ func TestLiveViewTmuxDiscovers(t *testing.T) {
 			s := screen()
 			for line := range strings.Lines(s) {
 				f := strings.Fields(line)
-				if strings.HasPrefix(line, prefix) && len(f) >= 12 && f[3] == regs && f[4] == fails && f[5] == regs && f[len(f)-2] == enl && f[len(f)-1] == "0" {
+				if strings.HasPrefix(line, prefix) && len(f) >= 13 && f[3] == regs && f[4] == fails && f[5] == regs && f[len(f)-3] == enl && f[len(f)-2] == "0" && f[len(f)-1] == "0" {
 					return true, s
 				}
 			}

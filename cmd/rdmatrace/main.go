@@ -59,7 +59,8 @@ Columns: REG/s registrations per second over the last interval; REGS and
 FAIL successful and failed registrations; REGISTERED bytes registered in
 total; LIVE bytes registered and not yet released, counted from when
 rdmatrace started (a * means the process released memory registered before
-that); p50/p99 over its last 4096 registrations; ENL enlargements, SHR shrinks (either direction back to small).
+that); p50/p99 over its last 4096 registrations; ENL enlargements, SHR shrinks (either direction back to small), PRK parks (an idle
+small ring's pages given back, either direction).
 
 Examples:
   sudo rdmatrace                               # everything on this machine

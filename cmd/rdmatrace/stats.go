@@ -33,6 +33,7 @@ type proc struct {
 	releasedUnseen                 bool   // released memory registered before we started
 	Enlargements                   uint64
 	Shrinks                        uint64  // of either direction
+	Parks                          uint64  // of either direction: an idle small ring's pages given back
 	Rate                           float64 // registrations per second, last interval
 	lastRegs                       uint64
 
@@ -175,6 +176,12 @@ func (s *stats) add(ev bpf.Event) {
 		} else {
 			p.recvPhase[ev.ConnID] = false
 		}
+		s.enl = append(s.enl, ev)
+		if len(s.enl) > maxEnlargements {
+			s.enl = slices.Delete(s.enl, 0, len(s.enl)-maxEnlargements)
+		}
+	case bpf.KindPark:
+		p.Parks++
 		s.enl = append(s.enl, ev)
 		if len(s.enl) > maxEnlargements {
 			s.enl = slices.Delete(s.enl, 0, len(s.enl)-maxEnlargements)

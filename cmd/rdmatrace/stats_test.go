@@ -169,4 +169,12 @@ func TestStatsShrinks(t *testing.T) {
 		t.Fatalf("after the shrinks: %d/%d large, %d small, %d shrinks, %d enlargements, %d listed; want 0/0, 2, 2, 2, 4",
 			sl, rl, small, p.Shrinks, p.Enlargements, len(s.enl))
 	}
+	// Parks count on their own, leave the phases as they are, and are
+	// listed too.
+	s.add(ev(bpf.KindPark, bpf.OutcomeParked))
+	s.add(ev(bpf.KindPark, bpf.OutcomeParkServed))
+	if sl, rl, small := p.phases(); sl != 0 || rl != 0 || small != 2 || p.Parks != 2 || p.Shrinks != 2 || len(s.enl) != 6 {
+		t.Fatalf("after the parks: %d/%d large, %d small, %d parks, %d shrinks, %d listed; want 0/0, 2, 2, 2, 6",
+			sl, rl, small, p.Parks, p.Shrinks, len(s.enl))
+	}
 }

@@ -196,8 +196,8 @@ func (m *model) View() string {
 		dimStyle.Render("[s/S] sort  [r] reverse  [/] filter  [c] clear  [x] hide exited  [↑↓] select  [q] quit"))
 
 	rows := m.st.rows(m.sort, m.asc, m.filter, m.hideExited)
-	header := fmt.Sprintf("%7s  %-15s %8s %8s %6s %8s %11s %10s %9s %9s %5s %5s",
-		"PID", "COMM", "REG/s", "REGS", "FAIL", "DEREGS", "REGISTERED", "LIVE", "p50", "p99", "ENL", "SHR")
+	header := fmt.Sprintf("%7s  %-15s %8s %8s %6s %8s %11s %10s %9s %9s %5s %5s %5s",
+		"PID", "COMM", "REG/s", "REGS", "FAIL", "DEREGS", "REGISTERED", "LIVE", "p50", "p99", "ENL", "SHR", "PRK")
 	b.WriteString(headerStyle.Render(header) + "\n")
 	if len(rows) == 0 {
 		b.WriteString(dimStyle.Render("  no registrations seen yet") + "\n")
@@ -212,9 +212,9 @@ func (m *model) View() string {
 		if p.Exited {
 			comm = truncate(comm, 8) + " exited"
 		}
-		line := fmt.Sprintf("%7d  %-15s %8.1f %8d %6d %8d %11s %10s %9s %9s %5d %5d",
+		line := fmt.Sprintf("%7d  %-15s %8.1f %8d %6d %8d %11s %10s %9s %9s %5d %5d %5d",
 			p.PID, comm, p.Rate, p.Regs, p.RegFails, p.Deregs, humanBytes(p.Registered), live,
-			humanDuration(p.Percentile(0.50)), humanDuration(p.Percentile(0.99)), p.Enlargements, p.Shrinks)
+			humanDuration(p.Percentile(0.50)), humanDuration(p.Percentile(0.99)), p.Enlargements, p.Shrinks, p.Parks)
 		if i == m.selected {
 			line = selStyle.Render(line)
 		}
@@ -271,11 +271,11 @@ func (m *model) histogram(p *proc) string {
 	return b.String()
 }
 
-// enlargements lists the recent enlargements and shrinks of the
+// enlargements lists the recent enlargements, shrinks and parks of the
 // processes shown.
 func (m *model) enlargements(shown map[uint32]bool) string {
 	var b strings.Builder
-	b.WriteString(headerStyle.Render("recent enlargements and shrinks") + "\n")
+	b.WriteString(headerStyle.Render("recent enlargements, shrinks and parks") + "\n")
 	var enl []bpf.Event
 	for _, ev := range m.st.enl {
 		if shown[ev.PID] {

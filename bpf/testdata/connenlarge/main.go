@@ -3,7 +3,10 @@
 // shm provider, writes one message above the threshold on each (so the
 // writer enlarges and the reader provisions: two enlargementMarker calls
 // per pair), prints "done" and exits. With -shrink, each pair then idles
-// until the writer's direction shrank back (two more marker calls).
+// until the writer's direction shrank back (two more marker calls). With
+// -park, the message is a small one instead, and each pair idles until
+// the writer's direction parked and the reader released its ring (two
+// marker calls, and no enlargement).
 package main
 
 import (
@@ -22,6 +25,7 @@ import (
 func main() {
 	n := flag.Int("n", 5, "connection pairs, one enlargement each")
 	flag.BoolVar(&shrink, "shrink", false, "wait for each pair's idle shrink")
+	flag.BoolVar(&park, "park", false, "write a small message and wait for each pair's park")
 	flag.Parse()
 	fmt.Println("ready")
 	if !bufio.NewScanner(os.Stdin).Scan() {
@@ -37,12 +41,12 @@ func main() {
 	fmt.Println("done")
 }
 
-var shrink bool
+var shrink, park bool
 
 func pair() error {
 	ctx := context.Background()
 	opts := []conn.Option{conn.WithProvider("shm")}
-	if shrink {
+	if shrink || park {
 		opts = append(opts, conn.WithIdleShrink(20*time.Millisecond))
 	}
 	l, err := conn.Listen(ctx, "127.0.0.1:0", opts...)
@@ -70,13 +74,24 @@ func pair() error {
 	}
 	defer s.Close()
 	msg := make([]byte, 64<<10)
+	if park {
+		msg = msg[:100]
+	}
 	done := make(chan error, 1)
 	go func() { _, err := io.ReadFull(s, make([]byte, len(msg))); done <- err }()
 	if _, err := c.Write(msg); err != nil {
 		return err
 	}
-	if err := <-done; err != nil || !shrink {
+	if err := <-done; err != nil || !shrink && !park {
 		return err
+	}
+	if park {
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if c.(*conn.Conn).Stats().Parks == 1 && s.(*conn.Conn).Stats().ParksServed == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no park within 5 s")
 	}
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if c.(*conn.Conn).Stats().Shrinks == 1 && s.(*conn.Conn).Stats().ShrinksServed == 1 {
