@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -179,6 +180,7 @@ func (c *Conn) parkMessageLocked(n int) error {
 		}
 		c.st.ParksServed++
 		enlargementMarker(c.id, uint32(r.size), 0, 0, outcomeParkServed)
+		c.tel.Parked(telemetry.Receiver)
 		return c.postParkLocked(lenResume, credits)
 	case lenResume, lenDecline:
 		if !c.parked {
@@ -191,6 +193,7 @@ func (c *Conn) parkMessageLocked(n int) error {
 			return nil
 		}
 		enlargementMarker(c.id, uint32(c.tx[small].size), 0, 0, outcomeParked)
+		c.tel.Parked(telemetry.Sender)
 		return nil
 	}
 	return fmt.Errorf("%w: credit message of length %d", errProtocol, n)

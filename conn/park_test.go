@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 )
 
 // resident counts the pages of b in memory (mincore): for shm's memfd
@@ -223,4 +225,27 @@ func (c *Conn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
+}
+
+// Each park is counted in rdmagrpc.park.count, by side.
+func TestParkMetric(t *testing.T) {
+	h := newOtelSDK(t)
+	a, b := conns(t, h.opts(WithIdleShrink(20*time.Millisecond))...)
+	parkable(t, a, b)
+	chatter(t, a, b)
+	waitFor(t, func() bool { return a.Stats().Parks == 1 && b.Stats().Parks == 1 })
+	waitFor(t, func() bool { return a.Stats().ParksServed == 1 && b.Stats().ParksServed == 1 })
+	// The writers count theirs when the answer arrives.
+	waitFor(t, func() bool { return !parkedNow(a) && !parkedNow(b) })
+	// Both ends are in this process: each side counts 2.
+	checkPoints(t, "parked", h.metrics(t), telemetry.MetricParks, map[string]int64{
+		"rdmagrpc.enlargement.side=" + telemetry.Sender:   2,
+		"rdmagrpc.enlargement.side=" + telemetry.Receiver: 2,
+	})
+}
+
+func parkedNow(c *Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.parked
 }

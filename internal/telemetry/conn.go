@@ -327,6 +327,17 @@ func (c *Conn) Shrunk(side, reason string, start time.Time, d time.Duration, fro
 	return span.SpanContext()
 }
 
+// Parked counts a park: side Sender, our small direction parked (its
+// peer released the ring); Receiver, the peer's parked and we released
+// our ring. No span: a park happens when nothing is in flight, and ten
+// thousand idle connections would make ten thousand spans of nothing.
+func (c *Conn) Parked(side string) {
+	if c == nil {
+		return
+	}
+	c.set.parks.Add(context.Background(), 1, metric.WithAttributes(KeySide.String(side)))
+}
+
 // SpanContext is the enlargement span's, for links to it; invalid when
 // it has none (telemetry off, or not recording).
 func (e *Enlargement) SpanContext() trace.SpanContext {

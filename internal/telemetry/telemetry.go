@@ -62,6 +62,7 @@ const (
 	MetricEnlargements    = "rdmagrpc.enlargement.count"
 	MetricEnlargeDuration = "rdmagrpc.enlargement.duration"
 	MetricShrinks         = "rdmagrpc.shrink.count"
+	MetricParks           = "rdmagrpc.park.count"
 	MetricRegistrations   = "rdmagrpc.registration.count"
 	MetricRegBytes        = "rdmagrpc.registration.bytes"
 	MetricRegDuration     = "rdmagrpc.registration.duration"
@@ -172,6 +173,7 @@ type Set struct {
 
 	enlargements    metric.Int64Counter
 	shrinks         metric.Int64Counter
+	parks           metric.Int64Counter
 	enlargeDuration metric.Float64Histogram
 	registrations   metric.Int64Counter
 	regBytes        metric.Int64Counter
@@ -243,6 +245,8 @@ func newSet(tp trace.TracerProvider, mp metric.MeterProvider) *Set {
 		metric.WithDescription("Buffer enlargements by side and outcome."))
 	s.shrinks, _ = m.Int64Counter(MetricShrinks, metric.WithUnit("{shrink}"),
 		metric.WithDescription("Returns of a direction to its small buffers, by side and reason."))
+	s.parks, _ = m.Int64Counter(MetricParks, metric.WithUnit("{park}"),
+		metric.WithDescription("Idle small rings whose pages went back to the system, by side."))
 	s.enlargeDuration, _ = m.Float64Histogram(MetricEnlargeDuration, metric.WithUnit("s"),
 		metric.WithDescription("Sender: first large write to usable large buffers; receiver: control message to acknowledgement sent."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
