@@ -132,22 +132,9 @@ func TestConnEnlargementMarker(t *testing.T) {
 // Idle shrinks reach the marker too: one per direction's writer and one
 // per reader that dropped its large ring, as KindShrink.
 func TestConnShrinkMarker(t *testing.T) {
-	requireRoot(t)
-	b := connBuilds[0]
-	bin := buildConn(t, b.name, b.flags)
 	const n = 4
-	tg := startTarget(t, bin, "-n", "4", "-shrink")
-	tr, err := Open(Options{PID: tg.cmd.Process.Pid})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	defer tr.Close()
-	if _, err := tr.AttachGoFuncs(bin, KnownGoFuncs); err != nil {
-		t.Fatalf("AttachGoFuncs: %v", err)
-	}
-	tg.run(t)
 	outcomes := map[uint32]int{}
-	for _, ev := range drain(t, tr) {
+	for _, ev := range markerEvents(t, "-n", "4", "-shrink") {
 		if ev.Kind != KindShrink {
 			continue
 		}
@@ -164,22 +151,9 @@ func TestConnShrinkMarker(t *testing.T) {
 // Parks reach the marker too: the writer's, once the reader released its
 // ring and answered, and the reader's release, as KindPark.
 func TestConnParkMarker(t *testing.T) {
-	requireRoot(t)
-	b := connBuilds[0]
-	bin := buildConn(t, b.name, b.flags)
 	const n = 4
-	tg := startTarget(t, bin, "-n", "4", "-park")
-	tr, err := Open(Options{PID: tg.cmd.Process.Pid})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	defer tr.Close()
-	if _, err := tr.AttachGoFuncs(bin, KnownGoFuncs); err != nil {
-		t.Fatalf("AttachGoFuncs: %v", err)
-	}
-	tg.run(t)
 	outcomes := map[uint32]int{}
-	for _, ev := range drain(t, tr) {
+	for _, ev := range markerEvents(t, "-n", "4", "-park") {
 		if ev.Kind == KindEnlargement || ev.Kind == KindShrink {
 			t.Errorf("%v event %+v: the pairs only wrote 100 bytes", ev.Kind, ev)
 		}
@@ -194,4 +168,24 @@ func TestConnParkMarker(t *testing.T) {
 	if outcomes[OutcomeParked] != n || outcomes[OutcomeParkServed] != n || len(outcomes) != 2 {
 		t.Fatalf("park outcomes %v, want %d parked and %d served", outcomes, n, n)
 	}
+}
+
+// markerEvents runs the connenlarge target with args under the Go
+// probes and returns every event they saw.
+func markerEvents(t *testing.T, args ...string) []Event {
+	t.Helper()
+	requireRoot(t)
+	b := connBuilds[0]
+	bin := buildConn(t, b.name, b.flags)
+	tg := startTarget(t, bin, args...)
+	tr, err := Open(Options{PID: tg.cmd.Process.Pid})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer tr.Close()
+	if _, err := tr.AttachGoFuncs(bin, KnownGoFuncs); err != nil {
+		t.Fatalf("AttachGoFuncs: %v", err)
+	}
+	tg.run(t)
+	return drain(t, tr)
 }
