@@ -108,11 +108,7 @@ func connectQP(t *testing.T, ctx context.Context, l transport.Listener, cli, srv
 // Ten thousand idle connections per process fit in a 20,000 descriptor
 // limit only if a connection end costs its socket and nothing else.
 func TestOneDescriptorPerConnectionEnd(t *testing.T) {
-	cli, srv := openSide(t, 4096), openSide(t, 4096)
-	l, err := srv.dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, srv, l := listenSides(t, 4096, 4096)
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -375,11 +371,7 @@ func TestSegmentsSharePages(t *testing.T) {
 // first had handed to it without asking for its memfd again: the request
 // was a cross-process round trip in every connection's first write.
 func TestSecondQPReusesPeerArena(t *testing.T) {
-	cli, srv := openSide(t, 64), openSide(t, 64)
-	l, err := srv.dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, srv, l := listenSides(t, 64, 64)
 	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

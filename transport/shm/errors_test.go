@@ -189,11 +189,7 @@ func TestSendQueueRetire(t *testing.T) {
 }
 
 func TestCQOverflow(t *testing.T) {
-	cli, srv := openSide(t, 2), openSide(t, 64)
-	l, err := srv.dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli, srv, l := listenSides(t, 2, 64)
 	defer l.Close()
 	ctx := context.Background()
 	accepted := make(chan transport.QP, 1)
@@ -206,6 +202,7 @@ func TestCQOverflow(t *testing.T) {
 		q, _ := r.Accept(ctx, srv.cfg(), nil)
 		accepted <- q
 	}()
+	var err error
 	cli.qp, err = cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), []byte("hello"))
 	if err != nil {
 		t.Fatal(err)

@@ -69,14 +69,23 @@ func (s *side) cfg() transport.QPConfig {
 	}
 }
 
-// pair connects two sides in this process; mod adjusts the configs.
-func pair(t testing.TB, mod func(c, s *transport.QPConfig)) (cli, srv *side) {
+// listenSides opens a client side and a server side with completion
+// queues of the given sizes, and a listener on the server's device; the
+// caller closes it.
+func listenSides(t testing.TB, cliCQ, srvCQ int) (cli, srv *side, l transport.Listener) {
 	t.Helper()
-	cli, srv = openSide(t, 64), openSide(t, 64)
+	cli, srv = openSide(t, cliCQ), openSide(t, srvCQ)
 	l, err := srv.dev.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cli, srv, l
+}
+
+// pair connects two sides in this process; mod adjusts the configs.
+func pair(t testing.TB, mod func(c, s *transport.QPConfig)) (cli, srv *side) {
+	t.Helper()
+	cli, srv, l := listenSides(t, 64, 64)
 	defer l.Close()
 	cc, sc := cli.cfg(), srv.cfg()
 	if mod != nil {
@@ -98,6 +107,7 @@ func pair(t testing.TB, mod func(c, s *transport.QPConfig)) (cli, srv *side) {
 		srv.qp, err = r.Accept(ctx, sc, []byte("welcome"))
 		errc <- err
 	}()
+	var err error
 	cli.qp, err = cli.dev.Connect(ctx, l.Addr().String(), cc, []byte("hello"))
 	if err != nil {
 		t.Fatal(err)
