@@ -320,6 +320,26 @@ type ConnRequest interface {
 	Reject(private []byte) error
 }
 
+// EarlyConnector is implemented by a Device whose connection requests can
+// be sent without waiting for the answer, as a TCP connect returns once
+// the kernel queued it for the listener and never waits for the server
+// process: ConnectEarly sends the request and returns the QP at once,
+// with its addresses known; Established waits for the answer. Until
+// Established returned nil nothing may be posted on the QP and
+// PeerPrivate is empty. Disconnect or Close ends the wait.
+type EarlyConnector interface {
+	ConnectEarly(ctx context.Context, addr string, cfg QPConfig, private []byte) (EarlyQP, error)
+}
+
+// EarlyQP is the QP of ConnectEarly.
+type EarlyQP interface {
+	QP
+	// Established waits for the listener's answer, within ctx. An
+	// error (a *RejectError for a rejection) leaves the QP unusable; it
+	// must still be closed.
+	Established(ctx context.Context) error
+}
+
 // Router is implemented by a Device of a provider that may have several
 // (verbs: one per HCA): DeviceFor names the device a connection to addr
 // goes through, where its PD, CQ and memory must be made before Connect.

@@ -426,6 +426,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 			local.IP = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 		}
 	}
+	q.local, q.remote = local, r.RemoteAddr()
 	info := q.info(local, private)
 	fds, err := q.shareFDs(info)
 	if err != nil {
@@ -452,7 +453,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		}
 		return fail(fmt.Errorf("waiting for the connection to be established: %w", err))
 	}
-	if err := q.start(r.conn, p, local, r.RemoteAddr(), r.info.private, transport.PrivateLenConnect); err != nil {
+	if err := q.start(r.conn, p, r.info.private, transport.PrivateLenConnect); err != nil {
 		return fail(err)
 	}
 	return q, nil
@@ -502,31 +503,55 @@ func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *net.UnixConn,
 // connectOn sets up a connection over c, a socket connected to the
 // listener of addr.
 func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+	q, err := d.sendConnect(c, addr, ip, port, cfg, private)
+	if err != nil {
+		return nil, err
+	}
+	if err := q.awaitAccept(ctx, c, addr); err != nil {
+		q.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// sendConnect makes the QP and sends the connect request over c, which
+// it closes on error.
+func (d *device) sendConnect(c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (*qp, error) {
 	q, err := d.newQP(cfg)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	fail := func(err error) (transport.QP, error) {
+	fail := func(err error) (*qp, error) {
 		c.Close()
 		q.Close()
-		return nil, err
+		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
 	localIP := ip
 	if localIP.IsUnspecified() {
 		localIP = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	}
-	local := &Addr{IP: localIP, Port: portLo + int(localPorts.Add(1))%(portHi-portLo)}
-	remote := &Addr{IP: ip, Port: port}
-	myInfo := q.info(local, private)
+	q.local = &Addr{IP: localIP, Port: portLo + int(localPorts.Add(1))%(portHi-portLo)}
+	q.remote = &Addr{IP: ip, Port: port}
+	myInfo := q.info(q.local, private)
 	fds, err := q.shareFDs(myInfo)
 	if err != nil {
-		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+		return fail(err)
 	}
 	err = writeMsg(c, myInfo.encode(msgConnect), fds...)
 	closeFDs(fds)
 	if err != nil {
-		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+		return fail(err)
+	}
+	return q, nil
+}
+
+// awaitAccept reads the listener's answer on c and starts q; on error c
+// is closed and q is left for its owner to close.
+func (q *qp) awaitAccept(ctx context.Context, c *net.UnixConn, addr string) error {
+	fail := func(err error) error {
+		c.Close()
+		return fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
 	stop := deadlineFromCtx(ctx, c)
 	buf := make([]byte, maxMsg)
@@ -535,10 +560,10 @@ func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip
 	stop()
 	if err != nil {
 		if ctx.Err() != nil {
-			return fail(fmt.Errorf("shm: connect to %s: %w", addr, ctx.Err()))
+			return fail(ctx.Err())
 		}
 		// The listener went away before answering.
-		return fail(fmt.Errorf("shm: connect to %s: %w (%v)", addr, transport.ErrConnRefused, err))
+		return fail(fmt.Errorf("%w (%v)", transport.ErrConnRefused, err))
 	}
 	switch b[0] {
 	case msgReject:
@@ -549,30 +574,30 @@ func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip
 		}
 		priv = transport.PadPrivate(priv, transport.PrivateLenReject)
 		q.shared = false // the listener closed what it was handed
-		fail(nil)
-		return nil, &transport.RejectError{Addr: addr, Private: priv}
+		c.Close()
+		return &transport.RejectError{Addr: addr, Private: priv}
 	case msgAccept:
 	default:
 		closeFDs(rfds)
-		return fail(fmt.Errorf("shm: connect to %s: unexpected message %d", addr, b[0]))
+		return fail(fmt.Errorf("unexpected message %d", b[0]))
 	}
 	info, err := decodeInfo(b)
 	if err != nil {
 		closeFDs(rfds)
-		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+		return fail(err)
 	}
 	p, err := newPeer(info, rfds, sameProcess(c))
 	if err != nil {
-		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+		return fail(err)
 	}
 	q.peer = p
 	if err := writeMsg(c, []byte{msgReady}); err != nil {
-		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+		return fail(err)
 	}
-	if err := q.start(c, p, local, remote, info.private, transport.PrivateLenAccept); err != nil {
-		return fail(fmt.Errorf("shm: connect to %s: %w", addr, err))
+	if err := q.start(c, p, info.private, transport.PrivateLenAccept); err != nil {
+		return fail(err)
 	}
-	return q, nil
+	return nil
 }
 
 // dialShm connects to the listener for ip:port, or to a wildcard listener

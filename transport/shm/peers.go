@@ -169,6 +169,49 @@ type dialDevice struct {
 }
 
 func (dd *dialDevice) Connect(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+	c, err := dd.take(addr, private)
+	if err != nil {
+		return nil, err
+	}
+	return dd.device.connectOn(ctx, c, addr, dd.ip, dd.port, cfg, private)
+}
+
+// ConnectEarly implements transport.EarlyConnector: it returns once the
+// request is in the listener's socket, as a TCP connect returns once the
+// kernel queued it.
+func (dd *dialDevice) ConnectEarly(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
+	c, err := dd.take(addr, private)
+	if err != nil {
+		return nil, err
+	}
+	return dd.device.sendEarly(c, addr, dd.ip, dd.port, cfg, private)
+}
+
+// ConnectEarly implements transport.EarlyConnector on a device that did
+// not pre-dial (Connect's counterpart).
+func (d *device) ConnectEarly(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
+	if len(private) > maxPrivate {
+		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	}
+	ip, port, c, err := dialAddr(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return d.sendEarly(c, addr, ip, port, cfg, private)
+}
+
+// sendEarly sends the connect request over c and returns its QP.
+func (d *device) sendEarly(c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
+	q, err := d.sendConnect(c, addr, ip, port, cfg, private)
+	if err != nil {
+		return nil, err
+	}
+	q.early = &earlyDial{c: c, addr: addr}
+	return q, nil
+}
+
+// take hands the pre-dialed socket to the one connection to addr.
+func (dd *dialDevice) take(addr string, private []byte) (*net.UnixConn, error) {
 	if len(private) > maxPrivate {
 		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
 	}
@@ -179,7 +222,7 @@ func (dd *dialDevice) Connect(ctx context.Context, addr string, cfg transport.QP
 		}
 		return nil, fmt.Errorf("shm: connect to %s: this device was prepared for one dial to %s", addr, dd.addr)
 	}
-	return dd.device.connectOn(ctx, c, addr, dd.ip, dd.port, cfg, private)
+	return c, nil
 }
 
 // Device implements transport.RequestDevice: the device of the dialing

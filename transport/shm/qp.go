@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"sync"
@@ -52,13 +53,13 @@ type qp struct {
 	// peerPriv: the peer's private data as it sent it; PeerPrivate pads
 	// it to peerPrivLen, as rdma_cm delivers it, at each call (a padded
 	// copy kept for the connection's life cost a client end 200 B).
-	peerPriv    []byte
-	peerPrivLen uint8
+	peerPriv []byte
 
-	sockRC syscall.RawConn // conn's, for the socket poller
-	sockFD int             // conn's descriptor while watched (sockets.mu)
-	sockID int32           // its registration with the socket poller (sockets.mu)
-	memRep chan memReply
+	sockRC      syscall.RawConn // conn's, for the socket poller
+	sockFD      int             // conn's descriptor while watched (sockets.mu)
+	sockID      int32           // its registration with the socket poller (sockets.mu)
+	peerPrivLen uint8           // (here, not by peerPriv: it fills sockID's padding)
+	memRep      chan memReply
 	// The retry timer and kicks run service on a goroutine of their own,
 	// only while there is something to do: an idle QP has none.
 	kicking   atomic.Bool
@@ -72,10 +73,10 @@ type qp struct {
 	// shared: the peer was handed our ring and CQ header. forced: we
 	// closed the socket without the peer's word that it stopped (see
 	// Close).
-	shared  bool
-	forced  atomic.Bool
-	started bool
-	closed  sync.Once
+	shared, started bool
+	forced          atomic.Bool
+	early           *earlyDial // ConnectEarly's: the wait for the answer
+	closed          sync.Once
 }
 
 type memReply struct {
@@ -183,8 +184,8 @@ func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
 }
 
 // start hands the connection's socket to the socket poller.
-func (q *qp) start(conn *net.UnixConn, p *peer, local, remote net.Addr, peerPriv []byte, padTo uint8) error {
-	q.conn, q.peer, q.local, q.remote, q.peerPriv, q.peerPrivLen = conn, p, local, remote, peerPriv, padTo
+func (q *qp) start(conn *net.UnixConn, p *peer, peerPriv []byte, padTo uint8) error {
+	q.conn, q.peer, q.peerPriv, q.peerPrivLen = conn, p, peerPriv, padTo
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return fmt.Errorf("shm: connection socket: %w", err)
@@ -369,6 +370,9 @@ func (q *qp) hangupOnce() {
 // Disconnect moves the QP to ERROR, tells the peer, and waits (bounded)
 // for the peer to acknowledge by closing its end.
 func (q *qp) Disconnect() error {
+	if e := q.early; e != nil {
+		e.end()
+	}
 	if !q.started {
 		q.ring.setErr()
 		return nil
@@ -464,4 +468,71 @@ func (q *qp) drainRecv() {
 	q.recvMu.Lock()
 	q.recvGone = true
 	q.recvMu.Unlock()
+}
+
+// earlyDial is the wait of a QP of ConnectEarly for the listener's
+// answer: Established runs it, Disconnect ends it. Every client end keeps
+// one, so it keeps nothing once the wait is over (a cancel func kept
+// held the dial's contexts: 1 KiB an idle end).
+type earlyDial struct {
+	c    *net.UnixConn
+	addr string
+	wg   sync.WaitGroup // a wait that started
+
+	mu      sync.Mutex
+	waiting bool               // a wait started
+	ended   bool               // Disconnect ran: no wait may start
+	cancel  context.CancelFunc // ends the wait under way (nil after)
+	err     error              // the wait's outcome, once wg is done
+}
+
+// Established implements transport.EarlyQP. A QP of Connect or Accept is
+// established already.
+func (q *qp) Established(ctx context.Context) error {
+	e := q.early
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	switch {
+	case e.waiting:
+		e.mu.Unlock()
+		e.wg.Wait()
+		return e.err
+	case e.ended:
+		e.mu.Unlock()
+		return fmt.Errorf("shm: connect to %s: %w", e.addr, net.ErrClosed)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	e.waiting, e.cancel = true, cancel
+	e.wg.Add(1)
+	e.mu.Unlock()
+	err := q.awaitAccept(ctx, e.c, e.addr)
+	e.mu.Lock()
+	e.err, e.cancel = err, nil
+	e.mu.Unlock()
+	e.wg.Done()
+	return err
+}
+
+// end stops a wait under way, which returns an error unless the answer
+// was read already, and waits for it; a request never waited for is
+// abandoned with its socket.
+func (e *earlyDial) end() {
+	e.mu.Lock()
+	first := !e.ended
+	e.ended = true
+	waiting, cancel := e.waiting, e.cancel
+	e.mu.Unlock()
+	if !waiting {
+		if first {
+			e.c.Close()
+		}
+		return
+	}
+	if cancel != nil {
+		cancel()
+	}
+	e.wg.Wait()
 }
