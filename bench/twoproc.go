@@ -365,12 +365,14 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", x.label, tcp, ux, rm, bc, ratio(rv, tv), ratio(rv, bv))
 	}
 
-	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: to a listener it negotiated with before, RDMA directly), "+
+	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: to a listener it negotiated with before, RDMA directly; "+
+		"it returns once its request is queued for the listener, as a TCP dial does once the kernel queued the connection, and its answer is timed apart), "+
 		"and a new grpc.ClientConn's dial to its first answered 64 B RPC; a first dial (rdmagrpc: to a server it has not seen, negotiating over TCP behind the dial and upgrading); "+
 		"against the TCP server, a plain grpc-go one, conn.Dial, which falls back to TCP:\n\n")
 	fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | rdmagrpc / TCP |\n|---|---:|---:|---:|---:|\n", rd)
 	for _, x := range []struct{ name, ref, label string }{
 		{rowDial(), rowDial(), "dial"},
+		{rowDialAnswer(), rowDial(), "dial to the listener's answer (Handshake)"},
 		{rowDialRPC(), rowDialRPC(), "dial to first RPC"},
 		{rowFirstDial(), rowDial(), "first dial, to the verdict (Handshake)"},
 		{rowFirstDialRPC(), rowDialRPC(), "first dial to first RPC"},

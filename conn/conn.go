@@ -253,24 +253,111 @@ func (c *Conn) hello() hello {
 	return h
 }
 
-// start starts the completion loop (the provider posted the receives).
+// start starts the completion loop (the provider posted the receives),
+// before anyone else has the Conn.
 func (c *Conn) start(qp transport.QP, peer hello) error {
 	c.qp = qp
+	c.track()
+	c.mu.Lock()
+	c.openLocked(peer)
+	c.mu.Unlock()
+	c.run()
+	return nil
+}
+
+// openLocked takes the peer's ring from its hello: from here calls can
+// use the connection (awaitOpenLocked).
+func (c *Conn) openLocked(peer hello) {
 	t := &c.tx[small]
 	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
 	c.peerParks = peer.flags&helloParks != 0
-	c.tel.Connected(qp.LocalAddr(), qp.RemoteAddr(), c.telemetrySnapshot)
-	if pq, ok := qp.(transport.PathQP); ok {
+	if pq, ok := c.qp.(transport.PathQP); ok {
 		// Best effort: a QP that cannot say its path still carries data.
 		if p, err := pq.Path(); err == nil {
 			c.st.Path = p
 		}
 	}
-	c.tel.Fabric(c.st.Device, c.st.Path)
-	c.track()
 	c.opened.Store(true)
+	c.broadcastLocked()
+}
+
+// run reports an opened connection and starts its completion loop.
+func (c *Conn) run() {
+	c.tel.Connected(c.qp.LocalAddr(), c.qp.RemoteAddr(), c.telemetrySnapshot)
+	c.tel.Fabric(c.st.Device, c.st.Path)
 	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)
 	c.startPolling()
+}
+
+// establish finishes a dial that returned once its request was sent
+// (dialRDMA): the listener's answer, then what start does. Until then the
+// Conn's calls wait (awaitOpenLocked; Read for data anyway); a failure
+// comes with them, as a reset TCP connection's does. forget, if not nil,
+// runs on a failure.
+func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, forget func()) {
+	defer c.wg.Done()
+	ctx, cancel := context.WithTimeout(ctx, c.o.upgradeTimeout)
+	defer cancel()
+	err := qp.Established(ctx)
+	var peer hello
+	if err == nil {
+		peer, err = decodeHello(qp.PeerPrivate())
+	}
+	c.mu.Lock()
+	if c.closed {
+		// Close came first: it tears down once we return.
+		c.mu.Unlock()
+		return
+	}
+	if err != nil {
+		err = rejected(err)
+		c.failLocked(err)
+		c.mu.Unlock()
+		c.tel.Fail(err)
+		if forget != nil {
+			forget()
+		}
+		return
+	}
+	c.openLocked(peer)
+	c.mu.Unlock()
+	c.run()
+}
+
+// awaitOpen is awaitOpenLocked for a caller bound by ctx alone.
+func (c *Conn) awaitOpen(ctx context.Context) error {
+	if c.opened.Load() {
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		c.broadcastLocked()
+		c.mu.Unlock()
+	})
+	defer stop()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.awaitOpenLocked(ctx, time.Time{})
+}
+
+// awaitOpenLocked waits until a connection whose dial returned early is
+// open, within ctx and dl: an error if it failed, was closed, or ctx or
+// dl ended first.
+func (c *Conn) awaitOpenLocked(ctx context.Context, dl time.Time) error {
+	for !c.opened.Load() {
+		ch := c.changed
+		switch {
+		case c.closed:
+			return net.ErrClosed
+		case c.err != nil:
+			return c.err
+		case expired(dl):
+			return os.ErrDeadlineExceeded
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		c.waitLocked(ch, dl)
+	}
 	return nil
 }
 
@@ -465,7 +552,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 // threshold (M2–M4), else through the ring of the current phase.
 func (c *Conn) writeElem(b []byte) (int, error) {
 	c.mu.Lock()
-	err := c.writeErrLocked()
+	err := c.awaitOpenLocked(context.Background(), c.wdl)
+	if err == nil {
+		err = c.writeErrLocked()
+	}
 	stalling := c.enl.phase == phaseLarge && c.enl.stalls >= climbStalls // the ladder (climb)
 	c.mu.Unlock()
 	if err != nil {
@@ -663,6 +753,9 @@ func (c *Conn) CloseWrite() error {
 	defer c.wmu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.awaitOpenLocked(context.Background(), c.wdl); err != nil {
+		return c.opErr("close", err)
+	}
 	if c.closed {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -757,7 +850,18 @@ func (c *Conn) Close() error {
 		c.enl.idleTimer.Stop()
 	}
 	c.broadcastLocked()
+	opened := c.opened.Load()
 	c.mu.Unlock()
+	if !opened {
+		// A dial that returned early and never opened: its wait for the
+		// answer ends (establish), and nothing was ever sent.
+		c.qp.Disconnect()
+		c.wg.Wait()
+		c.rmu.Lock()
+		defer c.rmu.Unlock()
+		c.release()
+		return nil
+	}
 
 	// Blocked writers have seen closed and left; later ones see closed
 	// once they hold c.wmu, which the teardown keeps until the memory
@@ -827,7 +931,9 @@ func (c *Conn) release() {
 	c.holdingLarge(false)
 	if c.opened.Load() {
 		enlargementMarker(c.id, 0, 0, 0, outcomeClosed)
-		c.untrack()
+	}
+	if c.qp != nil {
+		c.untrack() // tracked from start, or from an early dial's return
 	}
 	c.endTelemetry()
 	c.releaseRendezvous()

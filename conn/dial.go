@@ -40,9 +40,12 @@ func setup(opts []Option) (*options, string, transport.Device, error) {
 // a crypto/tls Conn's handshake does, and its outcome (an upgrade, TCP,
 // or an error such as a listener's refusal) comes with the first Read,
 // Write or Stats, or from Handshake. A dial to a listener that offered
-// RDMA before goes to it directly and returns when the RDMA connection
-// is set up; so does every dial WithoutFallback, whose error must come
-// from Dial.
+// RDMA before goes to it directly; where the provider can (shm), it
+// returns once its request is queued for the listener, as a TCP dial
+// returns once the kernel queued the connection, and the listener's
+// answer, or its refusal, comes the same way. A dial WithoutFallback,
+// whose error must come from Dial, returns when the RDMA connection is
+// set up.
 func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 	o, name, _, err := setup(opts)
 	if err != nil {
@@ -53,13 +56,16 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 
 func dialWith(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
 	if o.noTCP {
-		return dialRDMA(ctx, addr, o, name)
+		return dialRDMA(ctx, addr, o, name, false, nil)
 	}
 	return dialNegotiated(ctx, addr, o, name)
 }
 
-// dialRDMA sets up an RDMA connection with the listener at addr.
-func dialRDMA(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
+// dialRDMA sets up an RDMA connection with the listener at addr. early:
+// return once the request is sent, where the provider can, instead of
+// after the listener's answer (establish); forget, if not nil, runs when
+// such a connection then fails.
+func dialRDMA(ctx context.Context, addr string, o *options, name string, early bool, forget func()) (net.Conn, error) {
 	dev, err := openDevice(name)
 	if err != nil {
 		return nil, err
@@ -73,18 +79,22 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string) (net.Co
 	if err != nil {
 		return nil, err
 	}
+	if ec, ok := dev.(transport.EarlyConnector); ok && early {
+		qp, err := ec.ConnectEarly(ctx, addr, cfg, c.hello().encode())
+		if err != nil {
+			c.tel.Fail(err)
+			c.release()
+			return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
+		}
+		c.qp = qp
+		c.track() // RPCs may start before it opens (rpcstats.go)
+		c.wg.Add(1)
+		go c.establish(context.WithoutCancel(ctx), qp, forget)
+		return c, nil
+	}
 	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
 	if err != nil {
-		var rej *transport.RejectError
-		if errors.As(err, &rej) {
-			switch {
-			case isBacklogFull(rej.Private):
-				err = fmt.Errorf("%w: %w", errBacklogFull, err)
-			case bytes.HasPrefix(rej.Private, shm.PeerRefusedMagic):
-				why := bytes.TrimRight(rej.Private[len(shm.PeerRefusedMagic):], "\x00")
-				err = fmt.Errorf("%w (%s): %w", ErrPeerRefused, why, err)
-			}
-		}
+		err = rejected(err)
 		c.tel.Fail(err)
 		c.release()
 		return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
@@ -100,6 +110,21 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string) (net.Co
 		return nil, &net.OpError{Op: "dial", Net: "rdma", Addr: qp.RemoteAddr(), Err: err}
 	}
 	return c, nil
+}
+
+// rejected names why a listener refused a connection, when it said.
+func rejected(err error) error {
+	var rej *transport.RejectError
+	if errors.As(err, &rej) {
+		switch {
+		case isBacklogFull(rej.Private):
+			return fmt.Errorf("%w: %w", errBacklogFull, err)
+		case bytes.HasPrefix(rej.Private, shm.PeerRefusedMagic):
+			why := bytes.TrimRight(rej.Private[len(shm.PeerRefusedMagic):], "\x00")
+			return fmt.Errorf("%w (%s): %w", ErrPeerRefused, why, err)
+		}
+	}
+	return err
 }
 
 // Dialer returns a dial function for grpc.WithContextDialer. Its

@@ -307,10 +307,18 @@ func (c *Conn) tcpWrite(b []byte) (int, error) {
 // why neither, such as a listener's refusal or a server that closed.
 // Read, Write and Stats wait for the negotiation themselves, as
 // crypto/tls's Conn does its handshake; Handshake is for a caller that
-// wants its outcome, or an error, at a point of its choosing. A
-// connection that never negotiated returns nil at once.
+// wants its outcome, or an error, at a point of its choosing. A dial to a
+// listener known to offer RDMA, which returns once its request is sent,
+// waits for the listener's answer the same way. A connection that never
+// negotiated returns nil at once.
 func (c *Conn) Handshake(ctx context.Context) error {
-	if c.tcp == nil || c.tcp.neg == nil {
+	if c.tcp == nil {
+		if err := c.awaitOpen(ctx); err != nil {
+			return c.opErr("handshake", err)
+		}
+		return nil
+	}
+	if c.tcp.neg == nil {
 		return nil
 	}
 	if _, err := c.settled(ctx); err != nil {

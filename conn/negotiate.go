@@ -273,7 +273,10 @@ func forgetServer(addr, provider string) {
 // RDMA and so waits for the answer.
 func dialNegotiated(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
 	if rdmaAddr, ok := lookupServer(addr, name); ok {
-		c, _, err := upgrade(ctx, rdmaAddr, o, name)
+		// Early unless WithoutFallback, whose errors must come from Dial:
+		// a failure after the request went out comes with the first
+		// call, as TCP's reset, and the next dial negotiates afresh.
+		c, _, err := upgrade(ctx, rdmaAddr, o, name, !o.noFallback, func() { forgetServer(addr, name) })
 		if err == nil {
 			return c, nil
 		}
@@ -289,7 +292,7 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// Nothing on the TCP side: a listener WithoutTCP, or one of
 			// an rdmagrpc older than the TCP side.
-			return dialRDMA(ctx, addr, o, name)
+			return dialRDMA(ctx, addr, o, name, false, nil)
 		}
 		return nil, err
 	}
@@ -362,7 +365,7 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 	if upgradeFailedRecently(rdmaAddr) {
 		upErr = fmt.Errorf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL)
 	} else {
-		c, timedOut, err := upgrade(ctx, rdmaAddr, o, name)
+		c, timedOut, err := upgrade(ctx, rdmaAddr, o, name, false, nil)
 		if err == nil {
 			// The listener sees the reset and lets the TCP side go; no
 			// TIME_WAIT is left on either side.
@@ -394,10 +397,11 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 
 // upgrade dials the RDMA address a listener offered, within
 // WithUpgradeTimeout; timedOut says that bound ran out.
-func upgrade(ctx context.Context, rdmaAddr string, o *options, name string) (c net.Conn, timedOut bool, err error) {
+// early and forget: see dialRDMA.
+func upgrade(ctx context.Context, rdmaAddr string, o *options, name string, early bool, forget func()) (c net.Conn, timedOut bool, err error) {
 	uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
 	defer cancel()
-	c, err = dialRDMA(uctx, rdmaAddr, o, name)
+	c, err = dialRDMA(uctx, rdmaAddr, o, name, early, forget)
 	return c, errors.Is(uctx.Err(), context.DeadlineExceeded), err
 }
 

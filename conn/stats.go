@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -106,6 +107,7 @@ func (c *Conn) Stats() Stats {
 	if c.tcp != nil {
 		return Stats{Provider: c.st.Provider, ProviderReason: c.st.ProviderReason}
 	}
+	c.awaitOpenLocked(context.Background(), time.Time{}) // an early dial's outcome (Handshake)
 	s := c.st
 	s.SendPhase = phaseNames[c.enl.phase]
 	if c.enl.phase != phaseSmall && c.enl.phase != phaseLarge {

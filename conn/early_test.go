@@ -1,0 +1,102 @@
+package conn
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// A dial to a server known to offer RDMA returns once its request is in
+// the listener's socket, as a TCP connect returns once the kernel queued
+// it: the calls after it wait for the answer, within their deadlines,
+// and a refusal comes with them, as a reset does over TCP. Here the RDMA
+// listener is the provider's own, answering only when the test says.
+func TestKnownServerDialReturnsBeforeTheAnswer(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dev, err := openDevice("shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	addr := tl.Addr().String()
+	rememberServer(addr, "shm", addr)
+	defer forgetServer(addr, "shm")
+
+	start := time.Now()
+	nc, err := Dial(t.Context(), addr, WithProvider("shm"))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	c := nc.(*Conn)
+	t.Logf("dial returned in %v, unanswered", time.Since(start))
+	if c.RemoteAddr() == nil || c.LocalAddr() == nil {
+		t.Fatal("no addresses before the answer")
+	}
+	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.Write([]byte("x")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write before the answer: %v, want the deadline", err)
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read before the answer: %v, want the deadline", err)
+	}
+	hctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if err := c.Handshake(hctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("handshake before the answer: %v, want its context's end", err)
+	}
+	// Close while the request waits: at once, and the listener finds the
+	// request withdrawn (its socket closed) or a dead connection.
+	start = time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatalf("close before the answer: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("close before the answer took %v", d)
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write after close: %v, want net.ErrClosed", err)
+	}
+
+	// A refusal: the dial returns, its first call fails saying why, and
+	// the server is no longer taken for one known to offer RDMA.
+	nc, err = Dial(t.Context(), addr, WithProvider("shm"))
+	if err != nil {
+		t.Fatalf("second dial: %v", err)
+	}
+	defer nc.Close()
+	go func() {
+		for {
+			r, err := tl.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			r.Reject(backlogFullMagic)
+		}
+	}()
+	_, err = nc.Write([]byte("x"))
+	if !errors.Is(err, errBacklogFull) {
+		t.Fatalf("write to a listener that refused: %v, want the backlog full", err)
+	}
+	var rej *transport.RejectError
+	if !errors.As(err, &rej) {
+		t.Errorf("the refusal is not a transport.RejectError: %v", err)
+	}
+	if err := nc.(*Conn).Handshake(t.Context()); !errors.Is(err, errBacklogFull) {
+		t.Errorf("handshake after the refusal: %v", err)
+	}
+	if _, ok := lookupServer(addr, "shm"); ok {
+		t.Error("a listener that refused is still remembered")
+	}
+}
