@@ -83,6 +83,7 @@ func (c *Conn) pollExit(done chan struct{}) bool {
 		return false
 	}
 	c.pl.running = false
+	c.pl.done = nil // an idle connection keeps no channel of a loop gone
 	close(done)
 	return true
 }

@@ -131,7 +131,11 @@ func (q *qp) run(op *sendOp) bool {
 	st, wait := q.execute(op)
 	defer q.applyRespFail()
 	if wait > 0 {
-		q.timer.Reset(wait)
+		if q.timer == nil {
+			q.timer = time.AfterFunc(wait, q.service)
+		} else {
+			q.timer.Reset(wait)
+		}
 		return false
 	}
 	if st != transport.StatusSuccess || op.wr.Signaled {

@@ -38,7 +38,7 @@ type qp struct {
 	sendMu   sync.Mutex
 	sq       []*sendOp // accepted, not yet executed (waiting behind RNR/retry)
 	sqPosted uint64
-	timer    *time.Timer
+	timer    *time.Timer // the retry timer, made at its first use (most QPs never wait)
 	scratchL [][]byte
 	respFail respFail // set by execute, applied by run (sendMu)
 	scratchR [][]byte
@@ -141,8 +141,6 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		hup:      make(chan struct{}),
 		disc:     make(chan struct{}),
 	}
-	q.timer = time.AfterFunc(time.Hour, q.service)
-	q.timer.Stop()
 	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
 	scq.attach(q, false)
 	rcq.attach(q, true)
@@ -410,8 +408,10 @@ func (q *qp) Close() error {
 		q.svcMu.Lock()
 		q.svcClosed = true
 		q.svcMu.Unlock()
-		q.timer.Stop()
 		q.sendMu.Lock()
+		if q.timer != nil {
+			q.timer.Stop()
+		}
 		q.ring.setErr()
 		q.progress()
 		if q.peer != nil {
