@@ -3,12 +3,14 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"golang.org/x/net/nettest"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -99,4 +101,63 @@ func TestKnownServerDialReturnsBeforeTheAnswer(t *testing.T) {
 	if _, ok := lookupServer(addr, "shm"); ok {
 		t.Error("a listener that refused is still remembered")
 	}
+}
+
+// The nettest suite on connections whose dial returned early: a first
+// dial to each listener makes it known, and the pipe is the second.
+func TestNettestEarlyDial(t *testing.T) {
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return earlyPipe(t) })
+}
+
+func earlyPipe(t testing.TB) (c1, c2 net.Conn, stop func(), err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nl, err := Listen(ctx, testAddr())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	l := nl.(*Listener)
+	defer l.Close()
+	// An earlier listener may have had the port, and the cache rightly
+	// remembers it.
+	forgetServer(l.Addr().String(), l.name)
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 2)
+	go func() {
+		for range 2 {
+			c, err := l.Accept()
+			ch <- res{c, err}
+		}
+	}()
+	first, err := Dial(ctx, l.Addr().String())
+	if err == nil {
+		err = first.(*Conn).Handshake(ctx)
+		first.Close()
+	}
+	if r := <-ch; r.err == nil {
+		r.c.Close()
+	} else if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	c1, err = Dial(ctx, l.Addr().String())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r := <-ch
+	if r.err != nil {
+		c1.Close()
+		return nil, nil, nil, r.err
+	}
+	if n := l.negotiations.Load(); n != 1 {
+		c1.Close()
+		r.c.Close()
+		return nil, nil, nil, fmt.Errorf("%d negotiations for two dials, want 1: the second was not early", n)
+	}
+	return c1, r.c, func() { c1.Close(); r.c.Close() }, nil
 }
