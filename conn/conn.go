@@ -305,18 +305,21 @@ func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, forget func(
 	}
 	c.mu.Lock()
 	if c.closed {
-		// Close came first: it tears down once we return.
+		// Close came first (and maybe caused err): it tears down once we
+		// return.
 		c.mu.Unlock()
 		return
 	}
 	if err != nil {
+		// Forgotten before a call sees the failure: the dial it makes
+		// next negotiates afresh.
+		if forget != nil {
+			forget()
+		}
 		err = rejected(err)
 		c.failLocked(err)
 		c.mu.Unlock()
 		c.tel.Fail(err)
-		if forget != nil {
-			forget()
-		}
 		return
 	}
 	c.openLocked(peer)
