@@ -22,6 +22,12 @@ func testAddr() string {
 }
 
 func pipe(t testing.TB, opts ...Option) (c1, c2 net.Conn, stop func(), err error) {
+	return dialPipe(t, false, opts...)
+}
+
+// dialPipe is pipe; early: the pipe's dial is a second one, which goes to
+// the listener the first made known and returns early (early_test.go).
+func dialPipe(t testing.TB, early bool, opts ...Option) (c1, c2 net.Conn, stop func(), err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	l, err := Listen(ctx, testAddr(), opts...)
@@ -33,8 +39,27 @@ func pipe(t testing.TB, opts ...Option) (c1, c2 net.Conn, stop func(), err error
 		c   net.Conn
 		err error
 	}
-	ch := make(chan res, 1)
-	go func() { c, err := l.Accept(); ch <- res{c, err} }()
+	dials := 1
+	if early {
+		dials = 2
+	}
+	ch := make(chan res, dials)
+	go func() {
+		for range dials {
+			c, err := l.Accept()
+			ch <- res{c, err}
+		}
+	}()
+	if early {
+		if err := makeKnown(ctx, l.(*Listener), opts); err != nil {
+			return nil, nil, nil, err
+		}
+		first := <-ch
+		if first.err != nil {
+			return nil, nil, nil, first.err
+		}
+		first.c.Close()
+	}
 	c1, err = Dial(ctx, l.Addr().String(), opts...)
 	if err != nil {
 		return nil, nil, nil, err

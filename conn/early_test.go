@@ -109,54 +109,24 @@ func TestNettestEarlyDial(t *testing.T) {
 }
 
 func earlyPipe(t testing.TB) (c1, c2 net.Conn, stop func(), err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	nl, err := Listen(ctx, testAddr())
-	if err != nil {
-		return nil, nil, nil, err
+	c1, c2, stop, err = dialPipe(t, true)
+	if err == nil && c1.(*Conn).tcp != nil {
+		stop()
+		return nil, nil, nil, errors.New("the second dial negotiated again: it was not early")
 	}
-	l := nl.(*Listener)
-	defer l.Close()
+	return c1, c2, stop, err
+}
+
+// makeKnown dials l once, to the negotiation's verdict, and closes the
+// connection: the next dial to l goes to RDMA directly.
+func makeKnown(ctx context.Context, l *Listener, opts []Option) error {
 	// An earlier listener may have had the port, and the cache rightly
 	// remembers it.
 	forgetServer(l.Addr().String(), l.name)
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 2)
-	go func() {
-		for range 2 {
-			c, err := l.Accept()
-			ch <- res{c, err}
-		}
-	}()
-	first, err := Dial(ctx, l.Addr().String())
-	if err == nil {
-		err = first.(*Conn).Handshake(ctx)
-		first.Close()
-	}
-	if r := <-ch; r.err == nil {
-		r.c.Close()
-	} else if err == nil {
-		err = r.err
-	}
+	c, err := Dial(ctx, l.Addr().String(), opts...)
 	if err != nil {
-		return nil, nil, nil, err
+		return err
 	}
-	c1, err = Dial(ctx, l.Addr().String())
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	r := <-ch
-	if r.err != nil {
-		c1.Close()
-		return nil, nil, nil, r.err
-	}
-	if c1.(*Conn).tcp != nil {
-		c1.Close()
-		r.c.Close()
-		return nil, nil, nil, errors.New("the second dial negotiated again: it was not early")
-	}
-	return c1, r.c, func() { c1.Close(); r.c.Close() }, nil
+	defer c.Close()
+	return c.(*Conn).Handshake(ctx)
 }

@@ -473,14 +473,22 @@ func deadlineFromCtx(ctx context.Context, c *net.UnixConn) func() {
 var localPorts atomic.Uint32
 
 func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.QP, error) {
-	if len(private) > maxPrivate {
-		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	if err := checkPrivate(addr, private); err != nil {
+		return nil, err
 	}
 	ip, port, c, err := dialAddr(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	return d.connectOn(ctx, c, addr, ip, port, cfg, private)
+}
+
+// checkPrivate refuses a connect request's private data beyond maxPrivate.
+func checkPrivate(addr string, private []byte) error {
+	if len(private) > maxPrivate {
+		return fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	}
+	return nil
 }
 
 // dialAddr resolves addr, refuses another host's, and connects to its

@@ -190,8 +190,8 @@ func (dd *dialDevice) ConnectEarly(ctx context.Context, addr string, cfg transpo
 // ConnectEarly implements transport.EarlyConnector on a device that did
 // not pre-dial (Connect's counterpart).
 func (d *device) ConnectEarly(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
-	if len(private) > maxPrivate {
-		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	if err := checkPrivate(addr, private); err != nil {
+		return nil, err
 	}
 	ip, port, c, err := dialAddr(ctx, addr)
 	if err != nil {
@@ -212,8 +212,8 @@ func (d *device) sendEarly(c *net.UnixConn, addr string, ip netip.Addr, port int
 
 // take hands the pre-dialed socket to the one connection to addr.
 func (dd *dialDevice) take(addr string, private []byte) (*net.UnixConn, error) {
-	if len(private) > maxPrivate {
-		return nil, fmt.Errorf("shm: connect to %s: %d bytes of private data, max %d: %w", addr, len(private), maxPrivate, transport.ErrInvalidWR)
+	if err := checkPrivate(addr, private); err != nil {
+		return nil, err
 	}
 	c := dd.pre.take()
 	if c == nil || addr != dd.addr {
