@@ -206,7 +206,7 @@ func (d *device) sendEarly(c *net.UnixConn, addr string, ip netip.Addr, port int
 	if err != nil {
 		return nil, err
 	}
-	q.early = &earlyDial{c: c, addr: addr}
+	q.early.Store(&earlyDial{c: c, addr: addr})
 	return q, nil
 }
 

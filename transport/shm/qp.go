@@ -75,7 +75,7 @@ type qp struct {
 	// Close).
 	shared, started bool
 	forced          atomic.Bool
-	early           *earlyDial // ConnectEarly's: the wait for the answer
+	early           atomic.Pointer[earlyDial] // ConnectEarly's wait for the answer, until it succeeded
 	closed          sync.Once
 }
 
@@ -368,7 +368,7 @@ func (q *qp) hangupOnce() {
 // Disconnect moves the QP to ERROR, tells the peer, and waits (bounded)
 // for the peer to acknowledge by closing its end.
 func (q *qp) Disconnect() error {
-	if e := q.early; e != nil {
+	if e := q.early.Load(); e != nil {
 		e.end()
 	}
 	if !q.started {
@@ -471,9 +471,8 @@ func (q *qp) drainRecv() {
 }
 
 // earlyDial is the wait of a QP of ConnectEarly for the listener's
-// answer: Established runs it, Disconnect ends it. Every client end keeps
-// one, so it keeps nothing once the wait is over (a cancel func kept
-// held the dial's contexts: 1 KiB an idle end).
+// answer: Established runs it, Disconnect ends it. A wait that failed is
+// kept, for its error; one that succeeded is dropped.
 type earlyDial struct {
 	c    *net.UnixConn
 	addr string
@@ -489,7 +488,7 @@ type earlyDial struct {
 // Established implements transport.EarlyQP. A QP of Connect or Accept is
 // established already.
 func (q *qp) Established(ctx context.Context) error {
-	e := q.early
+	e := q.early.Load()
 	if e == nil {
 		return nil
 	}
@@ -512,6 +511,9 @@ func (q *qp) Established(ctx context.Context) error {
 	e.mu.Lock()
 	e.err, e.cancel = err, nil
 	e.mu.Unlock()
+	if err == nil {
+		q.early.Store(nil) // established: nothing of the wait is kept
+	}
 	e.wg.Done()
 	return err
 }
