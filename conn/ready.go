@@ -33,12 +33,41 @@ func (c *Conn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, erro
 		return c.tcpReadOnReady(bufSize, pool)
 	}
 	c.rmu.Lock()
-	defer c.rmu.Unlock()
+	c.awaitReadable()
+	return c.readReady(bufSize, pool)
+}
+
+// awaitReadable returns once a read would not block. An idle gRPC
+// connection's reader sleeps here, under grpc-go's framer: the frames it
+// sleeps in are kept small (no deferred call, no buffer in them, the
+// reading in readReady) because the GC halves a sleeping goroutine's stack
+// only while less than a quarter of it is in use, and grpc-go's reader
+// over TCP sleeps just under a quarter of 8 KiB. Measured: an idle client
+// end over rdmagrpc held about 3 KiB more stack than over TCP.
+//
+//go:noinline
+func (c *Conn) awaitReadable() {
 	c.mu.Lock()
 	for !c.closed && !expired(c.rdl) && len(c.recvQ) == 0 && !c.eofIn && c.err == nil {
-		c.waitLocked(c.changed, c.rdl)
+		if !c.rdl.IsZero() {
+			c.waitLocked(c.changed, c.rdl)
+			continue
+		}
+		// waitLocked's frame, sized for its timer, is one too many.
+		ch := c.changed
+		c.mu.Unlock()
+		<-ch
+		c.mu.Lock()
 	}
 	c.mu.Unlock()
+}
+
+// readReady reads what awaitReadable waited for; c.rmu is held on entry
+// and released on return.
+//
+//go:noinline
+func (c *Conn) readReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+	defer c.rmu.Unlock()
 	return readInto(bufSize, pool, c.readRLocked)
 }
 
