@@ -249,13 +249,15 @@ func TestRingQuarantinedAfterForcedDisconnect(t *testing.T) {
 }
 
 // A pool's last arena, kept for the next allocation once everything in it
-// is freed, gives its pages back: runs below punchMin are only cleared
-// when freed, and a burst of connections would otherwise leave its
-// high-water mark resident after they all closed.
+// is freed, gives its pages back beyond keepResident: runs below punchMin
+// are only cleared when freed, and a burst of connections would otherwise
+// leave its high-water mark resident after they all closed. Below it, the
+// pages stay for the next connection of a dial loop.
 func TestEmptyArenaGivesPagesBack(t *testing.T) {
 	p := &pool{name: "rdmagrpc-shm-test-punch"}
+	const burst = 2 * keepResident / 8192
 	var runs [][]byte
-	for range 16 {
+	for range burst {
 		b, err := allocMemory(p, 8192)
 		if err != nil {
 			t.Fatal(err)
@@ -283,8 +285,8 @@ func TestEmptyArenaGivesPagesBack(t *testing.T) {
 		}
 		return n
 	}
-	if n := resident(); n < 16*8192/os.Getpagesize() {
-		t.Fatalf("%d pages resident after writing 128 KiB", n)
+	if n := resident(); n < burst*8192/os.Getpagesize() {
+		t.Fatalf("%d pages resident after writing %d KiB", n, burst*8)
 	}
 	for _, b := range runs {
 		if err := freeMemory(b); err != nil {
@@ -292,7 +294,26 @@ func TestEmptyArenaGivesPagesBack(t *testing.T) {
 		}
 	}
 	if n := resident(); n != 0 {
-		t.Fatalf("%d pages still resident once the arena is empty", n)
+		t.Fatalf("%d pages still resident once the arena is empty after a burst of %d KiB", n, burst*8)
+	}
+	// One connection at a time: its pages stay, cleared.
+	for range 3 {
+		b, err := allocMemory(p, 8192)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range b {
+			if b[i] != 0 {
+				t.Fatalf("byte %d of a reused run is %d, want 0", i, b[i])
+			}
+			b[i] = 1
+		}
+		if err := freeMemory(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := resident(); n != 8192/os.Getpagesize() {
+		t.Fatalf("%d pages resident once the arena is empty after one 8 KiB run, want its %d kept", n, 8192/os.Getpagesize())
 	}
 	allocs.Lock()
 	p.drop()
