@@ -24,7 +24,7 @@ const (
 	msgDisconnect = 8
 	msgWake       = 9 // "your armed receive CQ has a completion"
 
-	wireVersion = 2
+	wireVersion = 3 // 3: 40-byte receive slots (ring.go)
 	maxMsg      = 256
 	infoFDs     = 3
 )
