@@ -108,8 +108,22 @@ func TestNettestEarlyDial(t *testing.T) {
 	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return earlyPipe(t) })
 }
 
-func earlyPipe(t testing.TB) (c1, c2 net.Conn, stop func(), err error) {
-	c1, c2, stop, err = dialPipe(t, true)
+// earlyConns is conns on a dial that returned early.
+func earlyConns(t *testing.T, opts ...Option) (*Conn, *Conn) {
+	t.Helper()
+	a, b, stop, err := earlyPipe(t, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	if _, ok := a.(*Conn).qp.(transport.EarlyQP); !ok {
+		t.Fatalf("the dial's QP is a %T, not one of ConnectEarly", a.(*Conn).qp)
+	}
+	return a.(*Conn), b.(*Conn)
+}
+
+func earlyPipe(t testing.TB, opts ...Option) (c1, c2 net.Conn, stop func(), err error) {
+	c1, c2, stop, err = dialPipe(t, true, opts...)
 	if err == nil && c1.(*Conn).tcp != nil {
 		stop()
 		return nil, nil, nil, errors.New("the second dial negotiated again: it was not early")

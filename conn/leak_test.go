@@ -149,88 +149,102 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 					Match: func(ev *fault.Event) bool { return ev.QPNum == qp && ev.WC.ID == idPark }}
 			}},
 	)
-	for _, tc := range cells {
-		t.Run(tc.name, func(t *testing.T) {
-			goroutines := goleak.IgnoreCurrent()
-			budget := bufpool.NewBudget(0)
-			opts := []Option{WithProvider(leaks.Name()), WithBudget(budget), WithRendezvousThreshold(1 << 20)}
-			if tc.shrink || tc.park {
-				opts = append(opts, WithIdleShrink(20*time.Millisecond))
+	// Each cell twice: on a first dial, which negotiates, and on a dial
+	// to a listener made known before, which returns before its answer
+	// (early_test.go).
+	for _, early := range []bool{false, true} {
+		for _, tc := range cells {
+			name := tc.name
+			if early {
+				name = "early/" + name
 			}
-			a, b := conns(t, opts...)
-			if tc.atPark { // the rule needs the QP's number: now it is known
-				h := leaks.MustAdd(*tc.rule(a.qp.Num()))
-				defer h.Remove()
-			}
-			transfer(t, a, b, random(10), writeAll(a)) // connected and working
-			if tc.park {
-				waitFor(t, func() bool {
-					a.mu.Lock()
-					defer a.mu.Unlock()
-					return a.st.Parks >= 1 || a.err != nil
-				})
-			}
-			if tc.shrink {
-				transfer(t, a, b, random(100<<10), writeAll(a)) // enlarged
-				if tc.atShrink {
+			t.Run(name, func(t *testing.T) {
+				goroutines := goleak.IgnoreCurrent()
+				budget := bufpool.NewBudget(0)
+				opts := []Option{WithProvider(leaks.Name()), WithBudget(budget), WithRendezvousThreshold(1 << 20)}
+				if tc.shrink || tc.park {
+					opts = append(opts, WithIdleShrink(20*time.Millisecond))
+				}
+				var a, b *Conn
+				if early {
+					a, b = earlyConns(t, opts...)
+				} else {
+					a, b = conns(t, opts...)
+				}
+				if tc.atPark { // the rule needs the QP's number: now it is known
 					h := leaks.MustAdd(*tc.rule(a.qp.Num()))
 					defer h.Remove()
 				}
-				waitFor(t, func() bool {
-					a.mu.Lock()
-					defer a.mu.Unlock()
-					return a.st.Shrinks == 1 || a.err != nil
-				})
-			}
-			if tc.rule != nil && !tc.atShrink && !tc.atPark {
-				h := leaks.MustAdd(*tc.rule(a.qp.Num()))
-				defer h.Remove()
-			}
-			data := random(tc.write)
-			readErr := make(chan error, 1)
-			go func() {
-				got := make([]byte, len(data))
-				_, err := io.ReadFull(b, got)
-				if err == nil && string(got) != string(data) {
-					err = errors.New("data differs")
+				transfer(t, a, b, random(10), writeAll(a)) // connected and working
+				if tc.park {
+					waitFor(t, func() bool {
+						a.mu.Lock()
+						defer a.mu.Unlock()
+						return a.st.Parks >= 1 || a.err != nil
+					})
 				}
-				readErr <- err
-			}()
-			_, werr := a.Write(data)
-			if tc.closeAfterWrite {
+				if tc.shrink {
+					transfer(t, a, b, random(100<<10), writeAll(a)) // enlarged
+					if tc.atShrink {
+						h := leaks.MustAdd(*tc.rule(a.qp.Num()))
+						defer h.Remove()
+					}
+					waitFor(t, func() bool {
+						a.mu.Lock()
+						defer a.mu.Unlock()
+						return a.st.Shrinks == 1 || a.err != nil
+					})
+				}
+				if tc.rule != nil && !tc.atShrink && !tc.atPark {
+					h := leaks.MustAdd(*tc.rule(a.qp.Num()))
+					defer h.Remove()
+				}
+				data := random(tc.write)
+				readErr := make(chan error, 1)
+				go func() {
+					got := make([]byte, len(data))
+					_, err := io.ReadFull(b, got)
+					if err == nil && string(got) != string(data) {
+						err = errors.New("data differs")
+					}
+					readErr <- err
+				}()
+				_, werr := a.Write(data)
+				if tc.closeAfterWrite {
+					a.Close()
+				}
+				var rerr error
+				if tc.want == "" {
+					rerr = <-readErr
+					if werr != nil || rerr != nil {
+						t.Fatalf("write %v, read %v; want the data delivered", werr, rerr)
+					}
+				} else {
+					// The writer fails, at once or at its next operation; the
+					// reader fails or times out, never hangs.
+					if werr == nil {
+						_, werr = a.Write(data[:1])
+					}
+					for i := 0; werr == nil && i < 100; i++ {
+						time.Sleep(10 * time.Millisecond)
+						_, werr = a.Write(data[:1])
+					}
+					if werr == nil || !strings.Contains(werr.Error(), tc.want) {
+						t.Fatalf("writer's error %v, want one naming %q", werr, tc.want)
+					}
+					// The reader gets the data in full (it was delivered
+					// before the fault) or an error: never a hang, never
+					// wrong bytes.
+					b.SetReadDeadline(time.Now().Add(5 * time.Second))
+					if rerr = <-readErr; rerr != nil && isTimeout(rerr) {
+						t.Fatalf("the reader was not told of the failure: %v", rerr)
+					}
+				}
 				a.Close()
-			}
-			var rerr error
-			if tc.want == "" {
-				rerr = <-readErr
-				if werr != nil || rerr != nil {
-					t.Fatalf("write %v, read %v; want the data delivered", werr, rerr)
-				}
-			} else {
-				// The writer fails, at once or at its next operation; the
-				// reader fails or times out, never hangs.
-				if werr == nil {
-					_, werr = a.Write(data[:1])
-				}
-				for i := 0; werr == nil && i < 100; i++ {
-					time.Sleep(10 * time.Millisecond)
-					_, werr = a.Write(data[:1])
-				}
-				if werr == nil || !strings.Contains(werr.Error(), tc.want) {
-					t.Fatalf("writer's error %v, want one naming %q", werr, tc.want)
-				}
-				// The reader gets the data in full (it was delivered
-				// before the fault) or an error: never a hang, never
-				// wrong bytes.
-				b.SetReadDeadline(time.Now().Add(5 * time.Second))
-				if rerr = <-readErr; rerr != nil && isTimeout(rerr) {
-					t.Fatalf("the reader was not told of the failure: %v", rerr)
-				}
-			}
-			a.Close()
-			b.Close()
-			noLeaks(t, budget, goroutines)
-		})
+				b.Close()
+				noLeaks(t, budget, goroutines)
+			})
+		}
 	}
 }
 

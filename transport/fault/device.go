@@ -84,6 +84,31 @@ func (d *device) Close() error {
 	return d.inner.Close()
 }
 
+// earlyDevice is the wrapper of a device that dials early
+// (transport.EarlyConnector), so that the faults of the data path reach
+// connections whose dial returned before the listener answered.
+type earlyDevice struct{ *device }
+
+func (d earlyDevice) ConnectEarly(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
+	inner, p, scq, rcq, err := d.unwrap(cfg)
+	if err != nil {
+		return nil, err
+	}
+	q, err := d.inner.(transport.EarlyConnector).ConnectEarly(ctx, addr, inner, private)
+	if err != nil {
+		return nil, err
+	}
+	return earlyQP{d.wrapQP(q, cfg, p, scq, rcq), q}, nil
+}
+
+// earlyQP is the wrapper's QP with the inner QP's wait for the answer.
+type earlyQP struct {
+	*qp
+	early transport.EarlyQP
+}
+
+func (q earlyQP) Established(ctx context.Context) error { return q.early.Established(ctx) }
+
 // unwrap swaps the wrapper's PD and CQs in cfg for the inner ones, which
 // is what the inner provider checks and uses.
 func (d *device) unwrap(cfg transport.QPConfig) (transport.QPConfig, *pd, *cq, *cq, error) {

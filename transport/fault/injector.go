@@ -54,6 +54,9 @@ func (inj *Injector) Open(name string) (transport.Device, error) {
 	inj.mu.Lock()
 	inj.devices[w] = struct{}{}
 	inj.mu.Unlock()
+	if _, ok := d.(transport.EarlyConnector); ok {
+		return earlyDevice{w}, nil
+	}
 	return w, nil
 }
 
