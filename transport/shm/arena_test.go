@@ -461,3 +461,55 @@ func TestSecondQPReusesPeerArena(t *testing.T) {
 		t.Fatal("the arena is still mapped once the device let it go")
 	}
 }
+
+// The device keeps its mappings of a peer's MR table and control arenas
+// once the last connection to that peer closed, and the next connection
+// takes them again instead of mapping them anew (a dial-and-close loop
+// unmapped and mapped them at every connection); they go with the device.
+func TestPeerControlMappingsKept(t *testing.T) {
+	cli, srv, l := listenSides(t, 64, 64)
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	refs := func(k fileKey) int {
+		peerMaps.Lock()
+		defer peerMaps.Unlock()
+		if sm, ok := peerMaps.m[k]; ok {
+			return sm.refs
+		}
+		return 0
+	}
+	q1 := connectQP(t, ctx, l, cli, srv).(*qp)
+	var keys []fileKey
+	addrs := map[fileKey]uintptr{}
+	for _, m := range q1.peer.held {
+		keys = append(keys, m.key)
+		addrs[m.key] = addrOf(m.mem)
+	}
+	q1.Close()
+	for _, k := range keys {
+		if refs(k) == 0 {
+			t.Fatalf("the peer's file %+v was unmapped when its last connection closed", k)
+		}
+	}
+	q2 := connectQP(t, ctx, l, cli, srv).(*qp)
+	for _, m := range q2.peer.held {
+		if a, ok := addrs[m.key]; !ok || a != addrOf(m.mem) {
+			t.Fatalf("the next connection mapped the peer's file %+v anew", m.key)
+		}
+	}
+	q2.Close()
+	// In one process the two sides' devices share their control arena,
+	// which the server's open QP maps too: what goes is the client
+	// device's own reference.
+	before := map[fileKey]int{}
+	for _, k := range keys {
+		before[k] = refs(k)
+	}
+	cli.dev.(*device).releaseArenas()
+	for _, k := range keys {
+		if got := refs(k); got != before[k]-1 {
+			t.Fatalf("the peer's file %+v has %d references once the device let it go, want %d", k, got, before[k]-1)
+		}
+	}
+}

@@ -418,6 +418,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	if err != nil {
 		return fail(err)
 	}
+	d.keepCtl(p)
 	q.peer = p
 	local := &Addr{IP: r.l.addr.IP, Port: r.l.addr.Port}
 	if local.IP.IsUnspecified() {
@@ -598,6 +599,7 @@ func (q *qp) awaitAccept(ctx context.Context, c *net.UnixConn, addr string) erro
 	if err != nil {
 		return fail(err)
 	}
+	q.dev.keepCtl(p)
 	q.peer = p
 	if err := writeMsg(c, []byte{msgReady}); err != nil {
 		return fail(err)

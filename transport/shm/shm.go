@@ -83,6 +83,9 @@ type device struct {
 	// connection, and of every new connection after the last one closed.
 	arenaMu sync.Mutex
 	kept    []keptArena
+	// keptCtl are the mappings of the peer's MR table and control arenas
+	// (peer.go, keepCtl), kept for the next QP to the same peer process.
+	keptCtl []peerMapping
 }
 
 var pdIDs atomic.Uint32
