@@ -142,9 +142,11 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			return
 		}
 		if n > 0 {
-			c.handle(wcs[:n])
+			// A connection that closed or failed spins for nothing: its
+			// completions now are its receives flushing at the teardown
+			// (100 µs of CPU on each side of every close).
+			busy = c.handle(wcs[:n])
 			armed = false
-			busy = true
 			last = time.Time{}
 			continue
 		}
@@ -223,7 +225,9 @@ func (c *Conn) fail(err error) {
 
 var errProtocol = errors.New("conn: peer broke the protocol")
 
-func (c *Conn) handle(wcs []transport.WorkCompletion) {
+// handle takes wcs into account and reports whether the connection is
+// still open and sound.
+func (c *Conn) handle(wcs []transport.WorkCompletion) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.broadcastLocked()
@@ -279,6 +283,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) {
 			c.tx[wc.ID>>idRing&1].done++
 		}
 	}
+	return !c.closed && c.err == nil
 }
 
 // receivedLocked accounts one incoming message; everything in its
