@@ -111,15 +111,11 @@ func TestNettestEarlyDial(t *testing.T) {
 // earlyConns is conns on a dial that returned early.
 func earlyConns(t *testing.T, opts ...Option) (*Conn, *Conn) {
 	t.Helper()
-	a, b, stop, err := earlyPipe(t, opts...)
-	if err != nil {
-		t.Fatal(err)
+	a, b := connsOf(t, earlyPipe, opts...)
+	if _, ok := a.qp.(transport.EarlyQP); !ok {
+		t.Fatalf("the dial's QP is a %T, not one of ConnectEarly", a.qp)
 	}
-	t.Cleanup(stop)
-	if _, ok := a.(*Conn).qp.(transport.EarlyQP); !ok {
-		t.Fatalf("the dial's QP is a %T, not one of ConnectEarly", a.(*Conn).qp)
-	}
-	return a.(*Conn), b.(*Conn)
+	return a, b
 }
 
 func earlyPipe(t testing.TB, opts ...Option) (c1, c2 net.Conn, stop func(), err error) {

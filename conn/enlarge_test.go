@@ -21,7 +21,14 @@ var faults = wrapShm("conn-test-fault")
 
 func conns(t *testing.T, opts ...Option) (*Conn, *Conn) {
 	t.Helper()
-	a, b, stop, err := pipe(t, opts...)
+	return connsOf(t, pipe, opts...)
+}
+
+// connsOf is the two Conns of a pipe made by p (pipe, earlyPipe), closed
+// when the test ends.
+func connsOf(t *testing.T, p func(testing.TB, ...Option) (net.Conn, net.Conn, func(), error), opts ...Option) (*Conn, *Conn) {
+	t.Helper()
+	a, b, stop, err := p(t, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
