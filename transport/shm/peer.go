@@ -57,11 +57,34 @@ type arenaKey struct {
 // goes first.
 const maxKeptArenas = 4
 
-// keptArena is a peer arena a QP of the device had handed over, with the
-// device's own reference on its mapping.
-type keptArena struct {
-	key arenaKey
+// kept is a peer mapping a device holds a reference on for its next QPs
+// to the same peer process, under the name k it is looked up by.
+type kept[K comparable] struct {
+	key K
 	m   peerMapping
+}
+
+// keep adds a reference on m, named k, to list unless k is there already,
+// and gives back the oldest beyond limit. Held by the device, a mapping
+// keeps its file mapped, so its inode (which may wrap) cannot name
+// another file while k maps to it. Called with the device's arenaMu.
+func keep[K comparable](list []kept[K], k K, m peerMapping, limit int) []kept[K] {
+	if slices.ContainsFunc(list, func(a kept[K]) bool { return a.key == k }) {
+		return list
+	}
+	list = append(list, kept[K]{k, m.retain()})
+	if len(list) > limit {
+		list[0].m.release()
+		list = slices.Delete(list, 0, 1)
+	}
+	return list
+}
+
+// releaseKept gives back every mapping of list. Called with arenaMu.
+func releaseKept[K comparable](list []kept[K]) {
+	for i := range list {
+		list[i].m.release()
+	}
 }
 
 // knownArena is another reference on the mapping of arena k, if the
@@ -78,23 +101,12 @@ func (d *device) knownArena(k arenaKey) (peerMapping, bool) {
 }
 
 // keepArena keeps a reference on m, the mapping of arena k, for the next
-// connections to the same peer process. Held by the device, it keeps the
-// file mapped, so its inode (which may wrap) cannot name another file
-// while k maps to it. It is given back when the device goes (releaseArenas)
-// or when newer arenas push it out.
+// connections to the same peer process. It is given back when the device
+// goes (releaseArenas) or when newer arenas push it out.
 func (d *device) keepArena(k arenaKey, m peerMapping) {
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
-	for _, a := range d.kept {
-		if a.key == k {
-			return
-		}
-	}
-	d.kept = append(d.kept, keptArena{k, m.retain()})
-	if len(d.kept) > maxKeptArenas {
-		d.kept[0].m.release()
-		d.kept = slices.Delete(d.kept, 0, 1)
-	}
+	d.kept = keep(d.kept, k, m, maxKeptArenas)
 }
 
 // maxKeptCtl bounds the control mappings a device keeps: a peer process
@@ -111,14 +123,7 @@ func (d *device) keepCtl(p *peer) {
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
 	for _, m := range p.held {
-		if slices.ContainsFunc(d.keptCtl, func(k peerMapping) bool { return k.key == m.key }) {
-			continue
-		}
-		d.keptCtl = append(d.keptCtl, m.retain())
-		if len(d.keptCtl) > maxKeptCtl {
-			d.keptCtl[0].release()
-			d.keptCtl = slices.Delete(d.keptCtl, 0, 1)
-		}
+		d.keptCtl = keep(d.keptCtl, m.key, m, maxKeptCtl)
 	}
 }
 
@@ -127,14 +132,9 @@ func (d *device) keepCtl(p *peer) {
 func (d *device) releaseArenas() {
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
-	for i := range d.kept {
-		d.kept[i].m.release()
-	}
-	d.kept = nil
-	for i := range d.keptCtl {
-		d.keptCtl[i].release()
-	}
-	d.keptCtl = nil
+	releaseKept(d.kept)
+	releaseKept(d.keptCtl)
+	d.kept, d.keptCtl = nil, nil
 }
 
 // newPeer maps the fds received with a connect or accept message (MR

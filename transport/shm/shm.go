@@ -82,10 +82,10 @@ type device struct {
 	// request was a cross-process round trip in the first write of every
 	// connection, and of every new connection after the last one closed.
 	arenaMu sync.Mutex
-	kept    []keptArena
+	kept    []kept[arenaKey]
 	// keptCtl are the mappings of the peer's MR table and control arenas
 	// (peer.go, keepCtl), kept for the next QP to the same peer process.
-	keptCtl []peerMapping
+	keptCtl []kept[fileKey]
 }
 
 var pdIDs atomic.Uint32
