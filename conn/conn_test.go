@@ -51,7 +51,11 @@ func dialPipe(t testing.TB, early bool, opts ...Option) (c1, c2 net.Conn, stop f
 		}
 	}()
 	if early {
-		if err := makeKnown(ctx, l.(*Listener), opts); err != nil {
+		// The listener's port may be another test's later: what makeKnown
+		// remembered goes with this test.
+		ll := l.(*Listener)
+		t.Cleanup(func() { forgetServer(ll.Addr().String(), ll.name) })
+		if err := makeKnown(ctx, ll, opts); err != nil {
 			return nil, nil, nil, err
 		}
 		first := <-ch
