@@ -260,15 +260,21 @@ func TestGRPCTwoProcesses(t *testing.T) {
 }
 
 // grpc-go with 1 MiB write and read buffers writes up to 1 MiB at a time:
-// above the rendezvous threshold, so 16 MiB messages travel by M5.
+// above the rendezvous threshold, so 16 MiB messages travel by M5. The flow
+// control windows are set, not estimated: with grpc-go's BDP estimator a
+// window can stay at 64 KiB for a whole exchange when its pings happen to
+// measure a short round trip, and then no write ever reaches 1 MiB (CI saw
+// the server answer 83 MB in 64 KiB records).
 func TestGRPCRendezvous(t *testing.T) {
 	const msg = 16 << 20
 	l, err := conn.Listen(context.Background(), testAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
+	const window = 4 << 20
 	s := grpc.NewServer(grpc.MaxRecvMsgSize(2*msg), grpc.MaxSendMsgSize(2*msg),
-		grpc.WriteBufferSize(1<<20), grpc.ReadBufferSize(1<<20))
+		grpc.WriteBufferSize(1<<20), grpc.ReadBufferSize(1<<20),
+		grpc.InitialWindowSize(window), grpc.InitialConnWindowSize(window))
 	testgrpc.RegisterTestServiceServer(s, interop.NewTestServer())
 	go s.Serve(l)
 	defer s.Stop()
@@ -287,6 +293,7 @@ func TestGRPCRendezvous(t *testing.T) {
 		}),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2*msg), grpc.MaxCallSendMsgSize(2*msg)))
 	if err != nil {
 		t.Fatal(err)
