@@ -61,10 +61,8 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	rep, err := bench.Run(context.Background(), cfg)
-	if err != nil {
-		fatal(err)
-	}
+	// The file is made before the run: a run of minutes should not end
+	// in a path that cannot be written, with its tables lost.
 	var w io.Writer = os.Stdout
 	if *out != "" {
 		f, err := os.Create(*out)
@@ -73,6 +71,10 @@ func main() {
 		}
 		defer f.Close()
 		w = io.MultiWriter(os.Stdout, f)
+	}
+	rep, err := bench.Run(context.Background(), cfg)
+	if err != nil {
+		fatal(err)
 	}
 	rep.Markdown(w)
 }
