@@ -438,6 +438,9 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stuck.Close()
+	// What this test makes dials remember would keep, for 30 s, a later
+	// test's dials to a listener that got this port on TCP.
+	t.Cleanup(func() { forgetFailedUpgrade(stuck.Addr().String()) })
 	tl, err := net.Listen("tcp", testAddr())
 	if err != nil {
 		t.Fatal(err)
