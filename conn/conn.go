@@ -148,8 +148,11 @@ type Conn struct {
 	discarding           bool  // closed: what arrives is dropped (discardLocked)
 	lingerSet            bool  // see linger
 	sending              uint8 // the ring data goes to: small, then large once enlarged
-	enl                  enlargement
-	rdv                  rendezvous
+	// waited: a goroutine slept on changed since its last broadcast; a
+	// round of completions that woke one suspends the loop (poll.go).
+	waited bool
+	enl    enlargement
+	rdv    rendezvous
 	// lifecycle
 	wclosed bool
 	eofIn   bool
@@ -365,6 +368,7 @@ func (c *Conn) awaitOpenLocked(ctx context.Context, dl time.Time) error {
 }
 
 func (c *Conn) broadcastLocked() {
+	c.waited = false
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
@@ -382,6 +386,10 @@ func (c *Conn) failLocked(err error) {
 // (a copy, a registration) must not sleep through a broadcast it missed,
 // such as Close's.
 func (c *Conn) waitLocked(ch chan struct{}, deadline time.Time) {
+	if c.pollInstead(ch, deadline) {
+		return
+	}
+	c.waited = true
 	c.mu.Unlock()
 	if deadline.IsZero() {
 		<-ch

@@ -19,14 +19,33 @@ import (
 // exits, and the next completion starts it again, so an idle connection
 // has no goroutine of its own. Otherwise one loop runs for the life of the
 // connection and sleeps in CQ.Wait.
+//
+// While a connection is busy, the loop hands its work to the goroutines
+// that wait on the connection (a reader waiting for data, a writer for
+// credits): when a round of completions woke one, the loop suspends
+// instead of spinning (the queue stays unarmed) and the waiter, once it
+// would wait again, polls and spins in the loop's place. A busy
+// connection's completions are then taken by the goroutine that wants
+// them, with no goroutine switch between them and no second spinning
+// goroutine holding a core while the first works: across two processes
+// on two cores, a loop that spun on one core while grpc-go's reader
+// worked on the other took the core the peer process needed. If nobody
+// polls within WithPollSpin of a suspension, a loop starts again
+// (backstop).
 type pollState struct {
-	mu      sync.Mutex
-	running bool
-	kicked  bool          // an event came while the loop ran: look again
-	stopped bool          // Close: no more loops
-	stop    atomic.Bool   // stopped, read by the loop each round
-	done    chan struct{} // closed when the running loop exits
-	cancel  context.CancelFunc
+	mu        sync.Mutex
+	running   bool
+	kicked    bool          // an event came while the loop ran: look again
+	stopped   bool          // Close: no more loops
+	suspended bool          // no loop runs, the queue is not armed: a waiter or the backstop polls next
+	stop      atomic.Bool   // stopped, read by the loop each round
+	done      chan struct{} // closed when the running loop exits
+	aux       *pollAux      // what few loops need, apart (a Conn fits an allocation class)
+}
+
+type pollAux struct {
+	cancel   context.CancelFunc // ends a loop that sleeps in CQ.Wait
+	backstop *time.Timer        // restarts the loop when nobody polled after a suspension
 }
 
 var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion) }}
@@ -54,7 +73,7 @@ func (c *Conn) startPolling() {
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c.pl.cancel = cancel
+	c.pl.aux = &pollAux{cancel: cancel}
 	c.pl.running, c.pl.done = true, make(chan struct{})
 	go c.poll(ctx, c.pl.done, false)
 }
@@ -69,8 +88,137 @@ func (c *Conn) kickPoll() {
 	case c.pl.running:
 		c.pl.kicked = true
 	default:
+		c.pl.suspended = false
 		c.pl.running, c.pl.done = true, make(chan struct{})
 		go c.poll(context.Background(), c.pl.done, true)
+	}
+}
+
+// suspendPoll hands the running loop's role (its done channel) to the
+// connection's waiters: the queue stays unarmed, the next waiter polls,
+// and the backstop restarts the loop if none does within WithPollSpin.
+func (c *Conn) suspendPoll(done chan struct{}) {
+	c.pl.mu.Lock()
+	defer c.pl.mu.Unlock()
+	c.pl.running, c.pl.done = false, nil
+	close(done)
+	if c.pl.stopped {
+		return
+	}
+	// A kick is a completion that is in the queue now: the next poller
+	// finds it.
+	c.pl.kicked = false
+	c.pl.suspended = true
+	d := max(c.o.pollSpin, time.Microsecond)
+	switch {
+	case c.pl.aux == nil:
+		c.pl.aux = &pollAux{backstop: time.AfterFunc(d, c.resumePoll)}
+	case c.pl.aux.backstop == nil:
+		c.pl.aux.backstop = time.AfterFunc(d, c.resumePoll)
+	default:
+		c.pl.aux.backstop.Reset(d)
+	}
+}
+
+// resumePoll is the backstop: nobody polled since the suspension, so a
+// loop runs again (and arms the queue once it finds nothing).
+func (c *Conn) resumePoll() {
+	c.pl.mu.Lock()
+	defer c.pl.mu.Unlock()
+	if !c.pl.suspended || c.pl.stopped || c.pl.running {
+		return
+	}
+	c.pl.suspended = false
+	c.pl.running, c.pl.done = true, make(chan struct{})
+	go c.poll(context.Background(), c.pl.done, true)
+}
+
+// pollInstead is for a goroutine about to wait for ch with c.mu held: if
+// the loop is suspended, it polls in the loop's place (without c.mu) and
+// reports true once it handled completions or ch was closed, so that the
+// caller looks at its condition again; false when it found nothing within
+// WithPollSpin (or its deadline), armed the queue and let the role go:
+// the caller then waits, and the next completion runs the loop.
+func (c *Conn) pollInstead(ch chan struct{}, deadline time.Time) bool {
+	c.pl.mu.Lock()
+	if !c.pl.suspended || c.pl.stopped {
+		c.pl.mu.Unlock()
+		return false
+	}
+	c.pl.suspended = false
+	c.pl.running, c.pl.done = true, make(chan struct{})
+	done := c.pl.done
+	c.pl.mu.Unlock()
+	c.mu.Unlock()
+	again := c.pollFor(ch, deadline, done)
+	c.mu.Lock()
+	return again
+}
+
+// inlineRounds counts the rounds of completions that waiters took in
+// the loop's place (tests).
+var inlineRounds atomic.Uint64
+
+// pollFor is pollInstead's polling, done holding the loop's role.
+func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{}) bool {
+	buf := wcPool.Get().(*[32]transport.WorkCompletion)
+	defer wcPool.Put(buf)
+	wcs := buf[:]
+	start := time.Now()
+	spinning := false
+	defer func() {
+		if spinning {
+			spinners.Add(-1)
+		}
+	}()
+	for armed := false; ; {
+		if c.pl.stop.Load() {
+			c.pollExit(done)
+			return true
+		}
+		n, err := c.cq.Poll(wcs)
+		if err != nil {
+			c.fail(fmt.Errorf("conn: completion queue: %w", err))
+			c.stopLoopOnError(done)
+			return true
+		}
+		if n > 0 {
+			inlineRounds.Add(1)
+			c.handle(wcs[:n])
+			c.suspendPoll(done)
+			return true
+		}
+		if armed {
+			if c.pollExit(done) {
+				return false
+			}
+			armed = false // kicked meanwhile: look again
+			continue
+		}
+		select {
+		case <-ch:
+			c.suspendPoll(done)
+			return true
+		default:
+		}
+		now := time.Now()
+		if !spinning && now.Sub(start) < c.o.pollSpin {
+			if spinners.Add(1) <= maxSpinners() {
+				spinning = true
+			} else {
+				spinners.Add(-1)
+			}
+		}
+		if spinning && now.Sub(start) < c.o.pollSpin && !expired(deadline) {
+			runtime.Gosched()
+			continue
+		}
+		if err := c.cq.ReqNotify(); err != nil {
+			c.fail(fmt.Errorf("conn: arm completion queue: %w", err))
+			c.stopLoopOnError(done)
+			return true
+		}
+		armed = true // a completion may have landed before arming
 	}
 }
 
@@ -84,6 +232,10 @@ func (c *Conn) pollExit(done chan struct{}) bool {
 	}
 	c.pl.running = false
 	c.pl.done = nil // an idle connection keeps no channel of a loop gone
+	if a := c.pl.aux; a != nil && a.cancel == nil && !c.pl.suspended {
+		a.backstop.Stop() // nor a timer
+		c.pl.aux = nil
+	}
 	close(done)
 	return true
 }
@@ -97,9 +249,15 @@ func (c *Conn) stopPolling() {
 	if c.pl.running {
 		done = c.pl.done
 	}
-	if c.pl.cancel != nil {
-		c.pl.cancel()
+	if a := c.pl.aux; a != nil {
+		if a.cancel != nil {
+			a.cancel()
+		}
+		if a.backstop != nil {
+			a.backstop.Stop()
+		}
 	}
+	c.pl.suspended = false
 	c.pl.mu.Unlock()
 	if n, ok := c.cq.(transport.NotifyCQ); ok {
 		n.SetNotify(nil)
@@ -145,7 +303,12 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			// A connection that closed or failed spins for nothing: its
 			// completions now are its receives flushing at the teardown
 			// (100 µs of CPU on each side of every close).
-			busy = c.handle(wcs[:n])
+			var woke bool
+			busy, woke = c.handle(wcs[:n])
+			if notified && busy && woke && c.o.pollSpin > 0 {
+				c.suspendPoll(done)
+				return
+			}
 			armed = false
 			last = time.Time{}
 			continue
@@ -226,10 +389,12 @@ func (c *Conn) fail(err error) {
 var errProtocol = errors.New("conn: peer broke the protocol")
 
 // handle takes wcs into account and reports whether the connection is
-// still open and sound.
-func (c *Conn) handle(wcs []transport.WorkCompletion) bool {
+// still open and sound, and whether a goroutine waited on it (the
+// broadcast woke it).
+func (c *Conn) handle(wcs []transport.WorkCompletion) (open, woke bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	woke = c.waited
 	defer c.broadcastLocked()
 	for i := range wcs {
 		wc := &wcs[i]
@@ -283,7 +448,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) bool {
 			c.tx[wc.ID>>idRing&1].done++
 		}
 	}
-	return !c.closed && c.err == nil
+	return !c.closed && c.err == nil, woke
 }
 
 // receivedLocked accounts one incoming message; everything in its

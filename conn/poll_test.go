@@ -1,8 +1,11 @@
 package conn
 
 import (
+	"io"
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // A completion loop spins only while its connection can still carry
@@ -27,4 +30,82 @@ func TestNoSpinOnceThePeerClosed(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// While a connection is busy, the goroutines that wait on it take its
+// completions themselves: in a ping-pong, the reader that waits for the
+// answer polls for it, with no completion loop between.
+func TestWaiterPollsInTheLoopsPlace(t *testing.T) {
+	a, b := conns(t)
+	if _, ok := a.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", a.cq)
+	}
+	const rounds = 500
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64)
+		for range rounds {
+			if _, err := io.ReadFull(b, buf); err != nil {
+				done <- err
+				return
+			}
+			if _, err := b.Write(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	before := inlineRounds.Load()
+	buf := make([]byte, 64)
+	for range rounds {
+		if _, err := a.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(a, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	n := inlineRounds.Load() - before
+	t.Logf("%d rounds of completions taken by waiters in %d round trips", n, rounds)
+	if n < rounds/2 {
+		t.Fatalf("waiters took %d rounds of completions in %d round trips: the loop did the work", n, rounds)
+	}
+}
+
+// A loop that suspended for a waiter that does not come back (a reader
+// that stopped reading) runs again after WithPollSpin: what arrives
+// meanwhile, here the peer's enlargement request, is served.
+func TestSuspendedLoopRunsAgain(t *testing.T) {
+	const spin = 300 * time.Millisecond
+	a, b := conns(t, WithPollSpin(spin))
+	if _, ok := b.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", b.cq)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(b, make([]byte, 1))
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the reader sleeps: the byte wakes it
+	if _, err := a.Write([]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	// b's reader is gone; 256 KiB fit b's large ring once b served the
+	// enlargement, with nobody reading.
+	a.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	if _, err := a.Write(random(256 << 10)); err != nil {
+		t.Fatalf("write to a peer whose loop suspended: %v (%+v)", err, b.Stats())
+	}
+	if s := b.Stats(); s.EnlargementsServed == 0 {
+		t.Fatalf("256 KiB written without an enlargement: %+v", s)
+	}
+	t.Logf("256 KiB written in %v", time.Since(start))
 }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/mem"
 )
@@ -57,6 +58,10 @@ func (c *Conn) awaitReadable() {
 		}
 		// waitLocked's frame, sized for its timer, is one too many.
 		ch := c.changed
+		if c.pollInstead(ch, time.Time{}) {
+			continue
+		}
+		c.waited = true
 		c.mu.Unlock()
 		<-ch
 		c.mu.Lock()
