@@ -22,8 +22,8 @@ import (
 //
 // While a connection is busy, the loop hands its work to the goroutines
 // that wait on the connection (a reader waiting for data, a writer for
-// credits): when a round of completions woke one, the loop suspends
-// instead of spinning (the queue stays unarmed) and the waiter, once it
+// credits): when a round of completions woke one, or left data for a
+// reader, the loop suspends instead of spinning (the queue stays unarmed) and the waiter, once it
 // would wait again, polls and spins in the loop's place. A busy
 // connection's completions are then taken by the goroutine that wants
 // them, with no goroutine switch between them and no second spinning
@@ -389,8 +389,8 @@ func (c *Conn) fail(err error) {
 var errProtocol = errors.New("conn: peer broke the protocol")
 
 // handle takes wcs into account and reports whether the connection is
-// still open and sound, and whether a goroutine waited on it (the
-// broadcast woke it).
+// still open and sound, and whether a goroutine will come back for more:
+// one waited on it (the broadcast woke it), or data waits to be read.
 func (c *Conn) handle(wcs []transport.WorkCompletion) (open, woke bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -448,7 +448,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) (open, woke bool) {
 			c.tx[wc.ID>>idRing&1].done++
 		}
 	}
-	return !c.closed && c.err == nil, woke
+	return !c.closed && c.err == nil, woke || len(c.recvQ) > 0
 }
 
 // receivedLocked accounts one incoming message; everything in its
