@@ -148,11 +148,11 @@ type Conn struct {
 	discarding           bool  // closed: what arrives is dropped (discardLocked)
 	lingerSet            bool  // see linger
 	sending              uint8 // the ring data goes to: small, then large once enlarged
-	// waited: a goroutine slept on changed since its last broadcast; a
-	// round of completions that woke one suspends the loop (poll.go).
-	waited bool
-	enl    enlargement
-	rdv    rendezvous
+	// creditWait: a writer sleeps for credits; a round of completions
+	// that wakes it suspends the loop (poll.go).
+	creditWait bool
+	enl        enlargement
+	rdv        rendezvous
 	// lifecycle
 	wclosed bool
 	eofIn   bool
@@ -368,7 +368,7 @@ func (c *Conn) awaitOpenLocked(ctx context.Context, dl time.Time) error {
 }
 
 func (c *Conn) broadcastLocked() {
-	c.waited = false
+	c.creditWait = false
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
@@ -389,7 +389,6 @@ func (c *Conn) waitLocked(ch chan struct{}, deadline time.Time) {
 	if c.pollInstead(ch, deadline) {
 		return
 	}
-	c.waited = true
 	c.mu.Unlock()
 	if deadline.IsZero() {
 		<-ch
@@ -628,6 +627,7 @@ func (c *Conn) write(b []byte) (int, error) {
 				}
 				c.tel.CreditStall()
 			}
+			c.creditWait = true
 			c.waitLocked(ch, c.wdl)
 		}
 		if !stalled.IsZero() {

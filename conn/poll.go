@@ -22,8 +22,8 @@ import (
 //
 // While a connection is busy, the loop hands its work to the goroutines
 // that wait on the connection (a reader waiting for data, a writer for
-// credits): when a round of completions woke one, or left data for a
-// reader, the loop suspends instead of spinning (the queue stays unarmed) and the waiter, once it
+// credits): when a round of completions left data for a reader or woke
+// a writer waiting for credits, the loop suspends instead of spinning (the queue stays unarmed) and the waiter, once it
 // would wait again, polls and spins in the loop's place. A busy
 // connection's completions are then taken by the goroutine that wants
 // them, with no goroutine switch between them and no second spinning
@@ -390,11 +390,17 @@ var errProtocol = errors.New("conn: peer broke the protocol")
 
 // handle takes wcs into account and reports whether the connection is
 // still open and sound, and whether a goroutine will come back for more:
-// one waited on it (the broadcast woke it), or data waits to be read.
+// a writer waited for credits (the broadcast woke it), or data waits to
+// be read. Not any goroutine that slept on the connection: a reader woken
+// by control messages alone (an idle connection's park) would poll in
+// the loop's place for nothing, and serve the next control message on
+// its own stack, which then stayed 8 KiB (4 KiB more per idle server
+// end of grpc-go, whose reader sleeps with more than a quarter of 4 KiB
+// in use).
 func (c *Conn) handle(wcs []transport.WorkCompletion) (open, woke bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	woke = c.waited
+	woke = c.creditWait
 	defer c.broadcastLocked()
 	for i := range wcs {
 		wc := &wcs[i]

@@ -109,3 +109,28 @@ func TestSuspendedLoopRunsAgain(t *testing.T) {
 	}
 	t.Logf("256 KiB written in %v", time.Since(start))
 }
+
+// Control messages alone (here an idle connection's park and its answer)
+// do not hand the loop to a reader that sleeps waiting for data: it would
+// wake to poll for nothing and serve them on its own stack, which then
+// stayed at 8 KiB on every idle grpc-go server end.
+func TestReaderDoesNotPollForControlMessages(t *testing.T) {
+	a, b := conns(t, WithIdleShrink(50*time.Millisecond))
+	if _, ok := b.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", b.cq)
+	}
+	transfer(t, a, b, random(100), writeAll(a))
+	transfer(t, b, a, random(100), writeAll(b))
+	for _, c := range []*Conn{a, b} {
+		go c.Read(make([]byte, 1)) // sleeps, as grpc-go's reader does
+	}
+	time.Sleep(20 * time.Millisecond) // the exchange's completions are taken
+	before := inlineRounds.Load()
+	waitFor(t, func() bool {
+		sa, sb := a.Stats(), b.Stats()
+		return sa.Parks > 0 && sb.Parks > 0 && sa.ParksServed > 0 && sb.ParksServed > 0
+	})
+	if n := inlineRounds.Load() - before; n != 0 {
+		t.Fatalf("readers took %d rounds of completions while both directions parked", n)
+	}
+}

@@ -61,7 +61,6 @@ func (c *Conn) awaitReadable() {
 		if c.pollInstead(ch, time.Time{}) {
 			continue
 		}
-		c.waited = true
 		c.mu.Unlock()
 		<-ch
 		c.mu.Lock()
