@@ -119,6 +119,7 @@ func TestReaderDoesNotPollForControlMessages(t *testing.T) {
 	if _, ok := b.cq.(transport.NotifyCQ); !ok {
 		t.Skipf("%T runs a completion loop for the life of the connection", b.cq)
 	}
+	parkable(t, a, b)
 	transfer(t, a, b, random(100), writeAll(a))
 	transfer(t, b, a, random(100), writeAll(b))
 	for _, c := range []*Conn{a, b} {
