@@ -23,15 +23,15 @@ import (
 // While a connection is busy, the loop hands its work to the goroutines
 // that wait on the connection (a reader waiting for data, a writer for
 // credits): when a round of completions left data for a reader or woke
-// a writer waiting for credits, the loop suspends instead of spinning (the queue stays unarmed) and the waiter, once it
-// would wait again, polls and spins in the loop's place. A busy
-// connection's completions are then taken by the goroutine that wants
-// them, with no goroutine switch between them and no second spinning
-// goroutine holding a core while the first works: across two processes
-// on two cores, a loop that spun on one core while grpc-go's reader
-// worked on the other took the core the peer process needed. If nobody
-// polls within WithPollSpin of a suspension, a loop starts again
-// (backstop).
+// a writer waiting for credits, the loop suspends instead of spinning
+// (the queue stays unarmed) and the waiter, once it would wait again,
+// polls and spins in the loop's place. A busy connection's completions
+// are then taken by the goroutine that wants them, with no goroutine
+// switch between them and no second spinning goroutine holding a core
+// while the first works: across two processes on two cores, a loop that
+// spun on one core while grpc-go's reader worked on the other took the
+// core the peer process needed. If nobody polls within WithPollSpin of a
+// suspension, a loop starts again (backstop).
 type pollState struct {
 	mu        sync.Mutex
 	running   bool
@@ -64,6 +64,16 @@ var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion
 var spinners atomic.Int32
 
 func maxSpinners() int32 { return int32(2 * runtime.GOMAXPROCS(0)) }
+
+// takeSpinner takes one of the spinners if fewer than maxSpinners spin;
+// the caller gives it back with spinners.Add(-1).
+func takeSpinner() bool {
+	if spinners.Add(1) <= maxSpinners() {
+		return true
+	}
+	spinners.Add(-1)
+	return false
+}
 
 // startPolling starts the completion loop, or hands the CQ our kick.
 func (c *Conn) startPolling() {
@@ -178,8 +188,7 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 		}
 		n, err := c.cq.Poll(wcs)
 		if err != nil {
-			c.fail(fmt.Errorf("conn: completion queue: %w", err))
-			c.stopLoopOnError(done)
+			c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
 			return true
 		}
 		if n > 0 {
@@ -203,19 +212,14 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 		}
 		now := time.Now()
 		if !spinning && now.Sub(start) < c.o.pollSpin {
-			if spinners.Add(1) <= maxSpinners() {
-				spinning = true
-			} else {
-				spinners.Add(-1)
-			}
+			spinning = takeSpinner()
 		}
 		if spinning && now.Sub(start) < c.o.pollSpin && !expired(deadline) {
 			runtime.Gosched()
 			continue
 		}
 		if err := c.cq.ReqNotify(); err != nil {
-			c.fail(fmt.Errorf("conn: arm completion queue: %w", err))
-			c.stopLoopOnError(done)
+			c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
 			return true
 		}
 		armed = true // a completion may have landed before arming
@@ -295,8 +299,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 		}
 		n, err := c.cq.Poll(wcs)
 		if err != nil {
-			c.fail(fmt.Errorf("conn: completion queue: %w", err))
-			c.stopLoopOnError(done)
+			c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
 			return
 		}
 		if n > 0 {
@@ -320,11 +323,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			}
 			if busy && now.Sub(last) < c.o.pollSpin {
 				if !spinning {
-					if spinners.Add(1) <= maxSpinners() {
-						spinning = true
-					} else {
-						spinners.Add(-1)
-					}
+					spinning = takeSpinner()
 				}
 				if spinning {
 					runtime.Gosched()
@@ -336,8 +335,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 				spinning = false
 			}
 			if err := c.cq.ReqNotify(); err != nil {
-				c.fail(fmt.Errorf("conn: arm completion queue: %w", err))
-				c.stopLoopOnError(done)
+				c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
 				return
 			}
 			armed, busy = true, false
@@ -357,6 +355,12 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 		armed = false
 		last = time.Time{}
 	}
+}
+
+// loopFailed fails the connection with err and ends the loop for good.
+func (c *Conn) loopFailed(done chan struct{}, err error) {
+	c.fail(err)
+	c.stopLoopOnError(done)
 }
 
 // stopLoopOnError ends the loop after a queue error: no later event
