@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,11 @@ import (
 // with its CPU time in nanoseconds, and exits when stdin closes.
 const serveEnv = "RDMABENCH_SERVE"
 
+// ServerProfileEnv, set to a path prefix, makes each two-process server
+// child write a CPU profile of its life to prefix.<transport>: a profile
+// of the client alone explains half of a cross-process figure.
+const ServerProfileEnv = "RDMABENCH_SERVER_CPUPROFILE"
+
 // childNetwork is the transport named name, as the child serves it.
 func childNetwork(name string) (network, bool) {
 	if name == RDMARings {
@@ -49,6 +55,17 @@ func serveTwoProc(name string, in io.Reader, out io.Writer) error {
 	t, ok := childNetwork(name)
 	if !ok {
 		return fmt.Errorf("unknown transport %q", name)
+	}
+	if prefix := os.Getenv(ServerProfileEnv); prefix != "" {
+		f, err := os.Create(prefix + "." + strings.ReplaceAll(name, " ", "_"))
+		if err != nil {
+			return fmt.Errorf("server profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("server profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx := context.Background()
 	gl, err := t.listen(ctx)

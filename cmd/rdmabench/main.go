@@ -32,7 +32,7 @@ func main() {
 	flag.DurationVar(&cfg.FleetShrink, "fleetshrink", cfg.FleetShrink, "the fleet's idle shrink (time compressed)")
 	flag.DurationVar(&cfg.IdleAfter, "idleafter", cfg.IdleAfter, "the idle connections' idle shrink (time compressed): they are measured again once idle that long; 0: only when set up")
 	out := flag.String("o", "", "also write the tables to this file")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (and of each server child to FILE.server.<transport>, its last round)")
 	flag.BoolVar(&cfg.OneProcess, "oneprocess", cfg.OneProcess, "also measure client and server in one process (a second table, for reference)")
 	host := flag.String("host", "", "address rdmagrpc listens on (default 127.0.0.1; an RDMA device's address with verbs)")
 	flag.Parse()
@@ -60,6 +60,8 @@ func main() {
 			fatal(err)
 		}
 		defer pprof.StopCPUProfile()
+		// The servers in child processes profile themselves too.
+		os.Setenv(bench.ServerProfileEnv, *cpuprofile+".server")
 	}
 	// The file is made before the run: a run of minutes should not end
 	// in a path that cannot be written, with its tables lost.
