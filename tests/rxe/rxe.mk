@@ -13,7 +13,7 @@ RXE_TIMEOUT ?= 20m
 # too (it doubles the conn run under TCG, ≈ 5 min for the whole tier).
 RXE_GOFLAGS ?= -race
 
-.PHONY: test-rxe rxerun rxe-clean bench-rxe
+.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare
 
 test-rxe: deps
 	RDMAGRPC_RXE=1 RDMAGRPC_RXE_CACHE=$(RXE_CACHE) RDMAGRPC_RXE_PKGS="$(RXE_PKGS)" \
@@ -41,3 +41,18 @@ bench-rxe: deps
 	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 20m -f bin/rdmabench -f tests/rxe/bench-idle.sh \
 	  -e IDLE=$(RXE_IDLE) -e ROUNDS=$(RXE_ROUNDS) -e BENCHTIME=$(if $(filter 0,$(RXE_ROUNDS)),10ms,$(RXE_BENCHTIME)) \
 	  -- /rxe/bin/bench-idle.sh
+
+# The speed figures over verbs before and after a change: rdmabench built
+# at BEFORE (a commit; a git worktree) and here, run alternately in one
+# boot of the guest (tests/rxe/bench-compare.sh), RXE_ROUNDS rounds each
+# (3 unless set above 0). Takes about 8 minutes under TCG.
+BEFORE ?= HEAD~1
+bench-rxe-compare: deps
+	git worktree prune; rm -rf $(RXE_CACHE)/before-src && git worktree add --detach $(RXE_CACHE)/before-src $(BEFORE)
+	cd $(RXE_CACHE)/before-src && $(GO) build -o $(CURDIR)/bin/rdmabench-before ./cmd/rdmabench; \
+	  st=$$?; cd $(CURDIR) && git worktree remove --force $(RXE_CACHE)/before-src; exit $$st
+	$(GO) build -o bin/rdmabench-after ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 40m -f bin/rdmabench-before -f bin/rdmabench-after \
+	  -f tests/rxe/bench-compare.sh -e ROUNDS=$(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS)) -e BENCHTIME=$(RXE_BENCHTIME) \
+	  -- /rxe/bin/bench-compare.sh
