@@ -65,14 +65,29 @@ var spinners atomic.Int32
 
 func maxSpinners() int32 { return int32(2 * runtime.GOMAXPROCS(0)) }
 
-// takeSpinner takes one of the spinners if fewer than maxSpinners spin;
-// the caller gives it back with spinners.Add(-1).
-func takeSpinner() bool {
-	if spinners.Add(1) <= maxSpinners() {
-		return true
+// spinTurn is a polling goroutine's share of the spinners.
+type spinTurn struct{ held bool }
+
+// spin yields once, as one of the spinners, and reports whether it could
+// (false: maxSpinners spin already, so arm and sleep instead).
+func (s *spinTurn) spin() bool {
+	if !s.held {
+		if spinners.Add(1) > maxSpinners() {
+			spinners.Add(-1)
+			return false
+		}
+		s.held = true
 	}
-	spinners.Add(-1)
-	return false
+	runtime.Gosched()
+	return true
+}
+
+// release gives the share back, if held.
+func (s *spinTurn) release() {
+	if s.held {
+		spinners.Add(-1)
+		s.held = false
+	}
 }
 
 // startPolling starts the completion loop, or hands the CQ our kick.
@@ -175,12 +190,8 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 	defer wcPool.Put(buf)
 	wcs := buf[:]
 	start := time.Now()
-	spinning := false
-	defer func() {
-		if spinning {
-			spinners.Add(-1)
-		}
-	}()
+	var turn spinTurn
+	defer turn.release()
 	for armed := false; ; {
 		if c.pl.stop.Load() {
 			c.pollExit(done)
@@ -210,14 +221,10 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 			return true
 		default:
 		}
-		now := time.Now()
-		if !spinning && now.Sub(start) < c.o.pollSpin {
-			spinning = takeSpinner()
-		}
-		if spinning && now.Sub(start) < c.o.pollSpin && !expired(deadline) {
-			runtime.Gosched()
+		if time.Since(start) < c.o.pollSpin && !expired(deadline) && turn.spin() {
 			continue
 		}
+		turn.release()
 		if err := c.cq.ReqNotify(); err != nil {
 			c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
 			return true
@@ -286,12 +293,8 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 	// connection's first look, a kick that found nothing) arms at once
 	// instead of burning WithPollSpin of CPU on every set-up.
 	busy := false
-	spinning := false // holds one of the spinners
-	defer func() {
-		if spinning {
-			spinners.Add(-1)
-		}
-	}()
+	var turn spinTurn
+	defer turn.release()
 	for {
 		if c.pl.stop.Load() {
 			c.pollExit(done)
@@ -306,9 +309,9 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			// A connection that closed or failed spins for nothing: its
 			// completions now are its receives flushing at the teardown
 			// (100 µs of CPU on each side of every close).
-			var woke bool
-			busy, woke = c.handle(wcs[:n])
-			if notified && busy && woke && c.o.pollSpin > 0 {
+			var waiter bool
+			busy, waiter = c.handle(wcs[:n])
+			if notified && busy && waiter && c.o.pollSpin > 0 {
 				c.suspendPoll(done)
 				return
 			}
@@ -321,19 +324,10 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			if last.IsZero() {
 				last = now
 			}
-			if busy && now.Sub(last) < c.o.pollSpin {
-				if !spinning {
-					spinning = takeSpinner()
-				}
-				if spinning {
-					runtime.Gosched()
-					continue
-				}
+			if busy && now.Sub(last) < c.o.pollSpin && turn.spin() {
+				continue
 			}
-			if spinning {
-				spinners.Add(-1)
-				spinning = false
-			}
+			turn.release()
 			if err := c.cq.ReqNotify(); err != nil {
 				c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
 				return
@@ -401,10 +395,10 @@ var errProtocol = errors.New("conn: peer broke the protocol")
 // its own stack, which then stayed 8 KiB (4 KiB more per idle server
 // end of grpc-go, whose reader sleeps with more than a quarter of 4 KiB
 // in use).
-func (c *Conn) handle(wcs []transport.WorkCompletion) (open, woke bool) {
+func (c *Conn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	woke = c.creditWait
+	waiter = c.creditWait
 	defer c.broadcastLocked()
 	for i := range wcs {
 		wc := &wcs[i]
@@ -458,7 +452,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) (open, woke bool) {
 			c.tx[wc.ID>>idRing&1].done++
 		}
 	}
-	return !c.closed && c.err == nil, woke || len(c.recvQ) > 0
+	return !c.closed && c.err == nil, waiter || len(c.recvQ) > 0
 }
 
 // receivedLocked accounts one incoming message; everything in its
