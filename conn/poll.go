@@ -308,7 +308,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 		if n > 0 {
 			// A connection that closed or failed spins for nothing: its
 			// completions now are its receives flushing at the teardown
-			// (100 µs of CPU on each side of every close).
+			// (WithPollSpin of CPU on each side of every close).
 			var waiter bool
 			busy, waiter = c.handle(wcs[:n])
 			if notified && busy && waiter && c.o.pollSpin > 0 {
