@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // IdleResult is what n idle connections of one transport cost. The
@@ -51,6 +53,12 @@ type IdleResult struct {
 	After                        time.Duration
 	RSSClientIdle, RSSServerIdle float64
 	Parked                       float64
+	// DialP50 is the median of the dials (raw: the transport's dial;
+	// gRPC: the dials grpc-go made through it), and Steps the median of
+	// each step the provider timed in them (conn's Stats.Setup: verbs
+	// times rdma_cm's), nil where it times none.
+	DialP50 time.Duration
+	Steps   []transport.SetupStep
 }
 
 // The child process: ServeIdleIfChild, called first thing in main (and
@@ -226,15 +234,23 @@ func startChild(name, provider string, gRPC bool, after time.Duration) (*child, 
 // saying which, with the rdmagrpc provider of the run, and reads the
 // address line it prints once it listens.
 func spawn(env, provider string, more ...string) (*child, error) {
+	vars := append([]string{env}, more...)
+	if provider != "" {
+		vars = append(vars, provEnv+"="+provider)
+	}
+	if remote := os.Getenv(RemoteEnv); remote != "" {
+		rc, err := dialSpawner(remote, vars)
+		if err != nil {
+			return nil, err
+		}
+		return started(&child{in: remoteChild{rc}, out: bufio.NewReader(rc)}, env)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(append(os.Environ(), env), more...)
-	if provider != "" {
-		cmd.Env = append(cmd.Env, provEnv+"="+provider)
-	}
+	cmd.Env = append(os.Environ(), vars...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -247,7 +263,11 @@ func spawn(env, provider string, more ...string) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &child{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	return started(&child{cmd: cmd, in: in, out: bufio.NewReader(out)}, env)
+}
+
+// started reads the address line c prints once it listens.
+func started(c *child, env string) (*child, error) {
 	line, err := c.out.ReadString('\n')
 	if err != nil {
 		c.stop()
@@ -283,7 +303,9 @@ func (c *child) report() (childReport, error) {
 
 func (c *child) stop() {
 	c.in.Close()
-	c.cmd.Wait()
+	if c.cmd != nil { // a remote one has exited once Close returns
+		c.cmd.Wait()
+	}
 }
 
 // idle opens n connections of t to a child process, one at a time (raw
@@ -313,9 +335,12 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool, aft
 		}
 		closeAll(dialed)
 	}()
+	var took []time.Duration
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		start := time.Now()
 		c, err := t.dial(ctx, addr)
 		if err == nil {
+			took = append(took, time.Since(start))
 			dialed = append(dialed, c)
 		}
 		return c, err
@@ -349,6 +374,7 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool, aft
 		}
 	}
 	res.Setup = time.Since(start)
+	res.DialP50, res.Steps = dialSteps(took, dialed)
 	rss1, g1 := settledRSS(), settledGoroutines()
 	res.Held = min(len(dialed), set.held)
 	if gRPC {
@@ -385,6 +411,37 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool, aft
 		res.Parked = float64(parks(dialed)+later.parks-before.parks) / (2 * h)
 	}
 	return res
+}
+
+// dialSteps is the median of took, and of each set-up step the
+// provider timed in the dials of conns.
+func dialSteps(took []time.Duration, conns []net.Conn) (time.Duration, []transport.SetupStep) {
+	if len(took) == 0 {
+		return 0, nil
+	}
+	slices.Sort(took)
+	p50 := percentile(took, 50)
+	var names []string
+	per := map[string][]time.Duration{}
+	for _, c := range conns {
+		rc, ok := c.(*conn.Conn)
+		if !ok {
+			continue
+		}
+		for _, st := range rc.Stats().Setup {
+			if _, seen := per[st.Name]; !seen {
+				names = append(names, st.Name)
+			}
+			per[st.Name] = append(per[st.Name], st.Took)
+		}
+	}
+	var steps []transport.SetupStep
+	for _, n := range names {
+		d := per[n]
+		slices.Sort(d)
+		steps = append(steps, transport.SetupStep{Name: n, Took: percentile(d, 50)})
+	}
+	return p50, steps
 }
 
 // closeAll closes conns, a few at a time.

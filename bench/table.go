@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"time"
 
@@ -95,6 +96,10 @@ func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Machine: %s; rdmagrpc provider %s; %s.\n", r.Machine, r.Provider, r.Machine.Date.Format("2006-01-02"))
 	fmt.Fprintf(w, "Medians of %d interleaved rounds, %v per figure and transport per round; run took %v.\n\n",
 		c.Rounds, c.BenchTime, r.Elapsed.Round(time.Second))
+	if Remote() {
+		fmt.Fprintf(w, "The server children ran on another host (%s=%s): \"TCP loopback\" below is TCP between the two hosts, \"child process\" a process there, and there is no unix socket column's figure; the bufconn ceiling and memcpy are this host's.\n\n",
+			RemoteEnv, os.Getenv(RemoteEnv))
+	}
 
 	if c.Rounds > 0 {
 		r.twoProcMarkdown(w, rd)
@@ -164,6 +169,7 @@ func (r *Report) Markdown(w io.Writer) {
 		}
 	}
 
+	r.stepsMarkdown(w)
 	r.fleetMarkdown(w)
 
 	fmt.Fprintf(w, "\nrdmagrpc:\n\n| figure | value |\n|---|---:|\n")
@@ -280,4 +286,37 @@ func (r *Report) idleGoals() []Goal {
 			rdma.GoroutinesClient <= tcp.GoroutinesClient+0.1 && rdma.GoroutinesServer <= tcp.GoroutinesServer+0.1})
 	}
 	return gs
+}
+
+// stepsMarkdown breaks a dial down into the steps its provider timed
+// (verbs: rdma_cm's), beside TCP's whole dial, for each idle run whose
+// provider timed any.
+func (r *Report) stepsMarkdown(w io.Writer) {
+	for _, i := range r.Idle {
+		if len(i.Steps) == 0 {
+			continue
+		}
+		kind := "raw"
+		if i.GRPC {
+			kind = "gRPC"
+		}
+		var tcp time.Duration
+		for _, j := range r.Idle {
+			if j.Transport == TCP && j.GRPC == i.GRPC && j.Want == i.Want {
+				tcp = j.DialP50
+			}
+		}
+		fmt.Fprintf(w, "\nOne dial of the %s idle run (%s connections), step by step as the provider timed it on the dialing side (medians over the dials):\n\n| step | median |\n|---|---:|\n",
+			kind, thousands(float64(i.Want)))
+		var sum time.Duration
+		for _, st := range i.Steps {
+			fmt.Fprintf(w, "| %s | %v |\n", st.Name, st.Took.Round(time.Microsecond))
+			sum += st.Took
+		}
+		fmt.Fprintf(w, "| the provider's steps together | %v |\n", sum.Round(time.Microsecond))
+		fmt.Fprintf(w, "| the whole dial (conn.Dial: these, and the connection's PD, CQ, rings and their registration) | %v |\n", i.DialP50.Round(time.Microsecond))
+		if tcp > 0 {
+			fmt.Fprintf(w, "| a TCP dial, the same run | %v |\n", tcp.Round(time.Microsecond))
+		}
+	}
 }

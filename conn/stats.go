@@ -19,7 +19,12 @@ type Stats struct {
 	// Path is the route the connection's traffic takes on an RDMA fabric
 	// (verbs): port, source GID index and RoCE version, path MTU, traffic
 	// class, service level; zero on shm and TCP.
-	Path      transport.Path
+	Path transport.Path
+	// Setup is how long each step of the provider's part of a dial took,
+	// in order (verbs: rdma_cm's; transport.SetupTimer), on the dialing
+	// side; nil on the listening side and on providers that do not time
+	// them.
+	Setup     []transport.SetupStep
 	SendPhase string // "small", "large", or why it stayed small
 	RecvPhase string // "small" or "large": what the peer writes into
 	// RegisteredBytes is the registered memory this connection holds
@@ -121,6 +126,9 @@ func (c *Conn) Stats() Stats {
 		s.RecvPhase = "large"
 	}
 	s.RegisteredBytes = c.pool.Stats().RegisteredBytes
+	if t, ok := c.qp.(transport.SetupTimer); ok {
+		s.Setup = t.SetupSteps()
+	}
 	return s
 }
 

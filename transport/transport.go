@@ -298,6 +298,20 @@ type QP interface {
 	Close() error
 }
 
+// SetupTimer is a QP whose provider timed the steps of its connection's
+// set-up on the dialing side, in order (verbs: rdma_cm's address and
+// route resolution, the QP's creation, the CM's request and reply, the
+// moves to RTS). What a dial costs beyond them is the caller's own.
+type SetupTimer interface {
+	SetupSteps() []SetupStep
+}
+
+// SetupStep is one timed step of a connection's set-up.
+type SetupStep struct {
+	Name string
+	Took time.Duration
+}
+
 // Listener accepts connection requests (an rdma_cm listening id).
 type Listener interface {
 	// Accept returns the next connection request. It returns net.ErrClosed

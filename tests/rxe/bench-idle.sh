@@ -3,8 +3,8 @@
 # steady-state figures over verbs on rxe0; with ROUNDS > 0 (RXE_ROUNDS) the
 # speed figures too, client and server in two processes of the guest,
 # BENCHTIME each (under TCG they compare transports through one emulator:
-# a ratio, not a speed). One completion channel
-# descriptor per connection end: the descriptor limit is raised first.
+# a ratio, not a speed). The descriptor limit is raised first: TCP's
+# idle connections hold one per end (a verbs one holds none of its own).
 ulimit -n 1048576 2>/dev/null || ulimit -n 65536
 echo "guest: descriptor limit $(ulimit -n), rxe0 at $RXE_ADDR"
 exec /rxe/bin/rdmabench -rounds "${ROUNDS:-0}" -benchtime "${BENCHTIME:-10ms}" -oneprocess=false \

@@ -48,6 +48,7 @@ func connect(ctx context.Context, d *device, addr string, cfg transport.QPConfig
 }
 
 func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, cfg transport.QPConfig, private []byte) error {
+	q.stepAt = time.Now()
 	ms := timeoutMS(ctx)
 	sa, err := toShimAddr(dst)
 	if err != nil {
@@ -59,15 +60,18 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 	if err := q.expect(ctx, addr, C.RDMA_CM_EVENT_ADDR_RESOLVED); err != nil {
 		return err
 	}
+	q.step(stepAddr)
 	if rc, err := C.shim_rdma_resolve_route(q.id, ms); rc != 0 {
 		return fmt.Errorf("verbs: connect %s: rdma_resolve_route: %w", addr, errnoNow(err))
 	}
 	if err := q.expect(ctx, addr, C.RDMA_CM_EVENT_ROUTE_RESOLVED); err != nil {
 		return err
 	}
+	q.step(stepRoute)
 	if err := q.createQP(cfg); err != nil {
 		return fmt.Errorf("verbs: connect %s: %w", addr, err)
 	}
+	q.step(stepCreate)
 	var pp unsafe.Pointer
 	if len(private) > 0 {
 		pp = unsafe.Pointer(&private[0]) // copied by librdmacm during the call
@@ -96,6 +100,7 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 		return fmt.Errorf("verbs: connect %s: %v", addr, ev)
 	}
 	q.peerPrivate = ev.private
+	q.step(stepConnect)
 	if err := q.toRTR(); err != nil {
 		return err
 	}
@@ -105,8 +110,41 @@ func (q *qp) activeSetup(ctx context.Context, addr string, dst netip.AddrPort, c
 	if rc, err := C.shim_rdma_establish(q.id); rc != 0 {
 		return fmt.Errorf("verbs: connect %s: rdma_establish: %w", addr, errnoNow(err))
 	}
+	q.step(stepReady)
 	q.established()
 	return nil
+}
+
+// The steps of a dial that SetupSteps reports.
+const (
+	stepAddr    = iota // rdma_resolve_addr to ADDR_RESOLVED
+	stepRoute          // rdma_resolve_route to ROUTE_RESOLVED
+	stepCreate         // ibv_create_qp and the move to INIT
+	stepConnect        // rdma_connect to CONNECT_RESPONSE: the CM's REQ and REP, the listener's accept between them
+	stepReady          // RTR, RTS and rdma_establish (the CM's RTU)
+	nSteps
+)
+
+var stepNames = [nSteps]string{"resolve address", "resolve route", "create QP", "CM request to reply", "RTR, RTS, establish"}
+
+// step ends the set-up step s.
+func (q *qp) step(s int) {
+	now := time.Now()
+	q.steps[s] = now.Sub(q.stepAt)
+	q.stepAt = now
+}
+
+// SetupSteps implements transport.SetupTimer: nil on the listening side,
+// whose set-up is the answer to the dialer's.
+func (q *qp) SetupSteps() []transport.SetupStep {
+	if q.steps[nSteps-1] == 0 {
+		return nil
+	}
+	out := make([]transport.SetupStep, nSteps)
+	for i := range out {
+		out[i] = transport.SetupStep{Name: stepNames[i], Took: q.steps[i]}
+	}
+	return out
 }
 
 // timeoutMS is the resolution time-out rdma_cm takes: ctx's deadline, at

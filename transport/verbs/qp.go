@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -30,6 +31,11 @@ type qp struct {
 
 	local, remote net.Addr
 	peerPrivate   []byte
+
+	// The dial's set-up steps (connect.go): when the current one began,
+	// and how long each took.
+	stepAt time.Time
+	steps  [nSteps]time.Duration
 
 	setupEvents chan cmEvent
 	disc        chan struct{}
