@@ -37,7 +37,11 @@ func transports(dir string, opts ...conn.Option) []network {
 		{
 			name: TCP,
 			listen: func(ctx context.Context) (net.Listener, error) {
-				return (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+				host := os.Getenv(tcpHostEnv) // a remote child's (remote.go)
+				if host == "" {
+					host = "127.0.0.1"
+				}
+				return (&net.ListenConfig{}).Listen(ctx, "tcp", net.JoinHostPort(host, "0"))
 			},
 			dial: func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) },
 		},

@@ -3,6 +3,10 @@
 //
 //	rdmabench [-benchtime 300ms] [-rounds 5] [-idle 1000,10000] [-o file]
 //
+// Across two hosts (the rxe tier's two guests), the server children run
+// on the other one: there `rdmabench -spawner :7470 -host B`, here
+// `rdmabench -remote B:7470 -host A`.
+//
 // Progress goes to stderr, the tables to stdout (and to -o).
 package main
 
@@ -11,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -35,9 +40,28 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (and of each server child to FILE.server.<transport>, its last round)")
 	flag.BoolVar(&cfg.OneProcess, "oneprocess", cfg.OneProcess, "also measure client and server in one process (a second table, for reference)")
 	host := flag.String("host", "", "address rdmagrpc listens on (default 127.0.0.1; an RDMA device's address with verbs)")
+	spawner := flag.String("spawner", "", "serve server children on this TCP address for a bench run on another host (-remote there), until killed; needs -host")
+	remote := flag.String("remote", "", "run the server children on another host, through its -spawner at this host:port")
 	flag.Parse()
 	if *host != "" {
 		os.Setenv(bench.HostEnv, *host)
+	}
+	if *spawner != "" {
+		if *host == "" {
+			fatal(fmt.Errorf("-spawner needs -host: the address the other host reaches this one at"))
+		}
+		raiseNoFile()
+		l, err := net.Listen("tcp", *spawner)
+		if err != nil {
+			fatal(fmt.Errorf("-spawner: %w", err))
+		}
+		if err := bench.Spawn(context.Background(), l, *host); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	if *remote != "" {
+		os.Setenv(bench.RemoteEnv, *remote)
 	}
 
 	var err error
@@ -75,6 +99,9 @@ func main() {
 		w = io.MultiWriter(os.Stdout, f)
 	}
 	rep, err := bench.Run(context.Background(), cfg)
+	if serr := bench.StopRemote(); serr != nil {
+		fmt.Fprintln(os.Stderr, "rdmabench:", serr)
+	}
 	if err != nil {
 		fatal(err)
 	}

@@ -13,7 +13,7 @@ RXE_TIMEOUT ?= 20m
 # too (it doubles the conn run under TCG, ≈ 5 min for the whole tier).
 RXE_GOFLAGS ?= -race
 
-.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare
+.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair
 
 test-rxe: deps
 	RDMAGRPC_RXE=1 RDMAGRPC_RXE_CACHE=$(RXE_CACHE) RDMAGRPC_RXE_PKGS="$(RXE_PKGS)" \
@@ -56,3 +56,15 @@ bench-rxe-compare: deps
 	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 40m -f bin/rdmabench-before -f bin/rdmabench-after \
 	  -f tests/rxe/bench-compare.sh -e ROUNDS=$(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS)) -e BENCHTIME=$(RXE_BENCHTIME) \
 	  -- /rxe/bin/bench-compare.sh
+
+# The speed figures with client and server on two hosts: two guests, rdmabench
+# in guest A and its server children in guest B (rdmabench -spawner there,
+# -remote here; tests/rxe/bench-pair.sh), RDMA over rxe0 on each guest's
+# e1000 and TCP between the guests; RXE_ROUNDS rounds (3 unless set above 0).
+# Both guests share this host's cores: under TCG only ratios mean anything.
+bench-rxe-pair: deps
+	$(GO) build -o bin/rdmabench ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 40m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh \
+	  -e ROUNDS=$(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS)) -e BENCHTIME=$(RXE_BENCHTIME) \
+	  -b /rxe/bin/bench-pair.sh -- /rxe/bin/bench-pair.sh
