@@ -55,7 +55,7 @@ type IdleResult struct {
 	Parked                       float64
 	// DialP50 is the median of the dials (raw: the transport's dial;
 	// gRPC: the dials grpc-go made through it), and Steps the median of
-	// each step the provider timed in them (conn's Stats.Setup: verbs
+	// each step the provider timed in them (conn's SetupSteps: verbs
 	// times rdma_cm's), nil where it times none.
 	DialP50 time.Duration
 	Steps   []transport.SetupStep
@@ -428,7 +428,7 @@ func dialSteps(took []time.Duration, conns []net.Conn) (time.Duration, []transpo
 		if !ok {
 			continue
 		}
-		for _, st := range rc.Stats().Setup {
+		for _, st := range rc.SetupSteps() {
 			if _, seen := per[st.Name]; !seen {
 				names = append(names, st.Name)
 			}

@@ -301,14 +301,26 @@ func (c *Conn) openLocked(peer hello) {
 	t := &c.tx[small]
 	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
 	c.peerParks = peer.flags&helloParks != 0
+	if c.tel.Recording() {
+		c.lookUpPathLocked() // for the connection span; else Stats asks
+	}
+	c.opened.Store(true)
+	c.broadcastLocked()
+}
+
+// lookUpPathLocked asks the QP the path it was programmed with, once:
+// verbs queries the QP (a firmware command on most NICs) and reads the
+// GID's type from sysfs, which a dial need not pay when nobody looks.
+// Best effort: a QP that cannot say its path still carries data.
+func (c *Conn) lookUpPathLocked() {
+	if c.st.Path.Port != 0 {
+		return
+	}
 	if pq, ok := c.qp.(transport.PathQP); ok {
-		// Best effort: a QP that cannot say its path still carries data.
 		if p, err := pq.Path(); err == nil {
 			c.st.Path = p
 		}
 	}
-	c.opened.Store(true)
-	c.broadcastLocked()
 }
 
 // run reports an opened connection and starts its completion loop.

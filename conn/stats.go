@@ -19,12 +19,7 @@ type Stats struct {
 	// Path is the route the connection's traffic takes on an RDMA fabric
 	// (verbs): port, source GID index and RoCE version, path MTU, traffic
 	// class, service level; zero on shm and TCP.
-	Path transport.Path
-	// Setup is how long each step of the provider's part of a dial took,
-	// in order (verbs: rdma_cm's; transport.SetupTimer), on the dialing
-	// side; nil on the listening side and on providers that do not time
-	// them.
-	Setup     []transport.SetupStep
+	Path      transport.Path
 	SendPhase string // "small", "large", or why it stayed small
 	RecvPhase string // "small" or "large": what the peer writes into
 	// RegisteredBytes is the registered memory this connection holds
@@ -113,6 +108,9 @@ func (c *Conn) Stats() Stats {
 		return Stats{Provider: c.st.Provider, ProviderReason: c.st.ProviderReason}
 	}
 	c.awaitOpenLocked(context.Background(), time.Time{}) // an early dial's outcome (Handshake)
+	if c.opened.Load() && !c.closed {
+		c.lookUpPathLocked()
+	}
 	s := c.st
 	s.SendPhase = phaseNames[c.enl.phase]
 	if c.enl.phase != phaseSmall && c.enl.phase != phaseLarge {
@@ -126,10 +124,30 @@ func (c *Conn) Stats() Stats {
 		s.RecvPhase = "large"
 	}
 	s.RegisteredBytes = c.pool.Stats().RegisteredBytes
-	if t, ok := c.qp.(transport.SetupTimer); ok {
-		s.Setup = t.SetupSteps()
-	}
 	return s
+}
+
+// SetupSteps is how long each step of the provider's part of the dial
+// took, in order (verbs: rdma_cm's; transport.SetupTimer), on the dialing
+// side; nil on the listening side, over TCP, and on providers that do not
+// time them. A method, not a field of Stats: every Conn holds a Stats.
+func (c *Conn) SetupSteps() []transport.SetupStep {
+	if c.tcp != nil && c.tcp.neg != nil {
+		if r, err := c.tcp.neg.wait(context.Background(), waitNoDeadline); err == nil && r != nil {
+			return r.SetupSteps()
+		}
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tcp != nil {
+		return nil
+	}
+	c.awaitOpenLocked(context.Background(), time.Time{})
+	if t, ok := c.qp.(transport.SetupTimer); ok {
+		return t.SetupSteps()
+	}
+	return nil
 }
 
 // EnlargeOutcome names an outcome code of the enlargement marker, the

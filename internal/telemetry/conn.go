@@ -90,6 +90,10 @@ func (c *Conn) Connected(local, remote net.Addr, snap func() Snapshot) {
 	c.set.mu.Unlock()
 }
 
+// Recording reports whether the connection span records: what only it
+// would show need not be looked up otherwise.
+func (c *Conn) Recording() bool { return c != nil && c.rec }
+
 // Fabric records on the connection span the device the connection lives
 // on and the path its traffic takes (Port 0: none, shm).
 func (c *Conn) Fabric(device string, p transport.Path) {
