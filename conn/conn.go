@@ -240,13 +240,16 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 }
 
 // sqData bounds the data writes in flight, over both rings: the send
-// queue holds a request until its completion is polled, and a
-// completion needs only the peer NIC's acknowledgement, so a few cover
-// the link's round trip; sizing the queue for every slot of the deepest
-// ring instead cost an idle connection pages of queue memory it never
-// used (on rxe, the send queue and the CQ are mapped into the process:
-// 20 KiB each at 56 and 114 entries, 12 KiB each at 19 and 62).
-const sqData = 7
+// queue holds a request until its completion is polled. Sizing the queue
+// for every slot of the deepest ring cost an idle connection queue
+// memory it never used: on rxe the send queue is mapped into the
+// process, 20 KiB at 56 entries, 12 KiB at 28. 16 holds every slot of
+// the first large phase, and in the rxe guest raw writes ran as fast as
+// with no bound (two runs each way). 7 would also have shrunk the CQ
+// below 64 entries (12 KiB instead of 20), but there it cost raw writes
+// a third of their throughput (completions come late under emulation)
+// and was not kept.
+const sqData = 16
 
 // ctlSends bounds the control messages in flight: a credit message, an
 // EOF, a close, a park and its answer, a control record, and two spare.
