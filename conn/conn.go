@@ -212,19 +212,17 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	// The last staging slot holds control records; data uses the others.
 	c.tx[small] = txRing{stage: stage, stageSize: o.slotSize, stageSlots: o.slotCount - 1}
-	maxSize, _ := o.maxLarge()
+	maxSize, maxCount := o.maxLarge()
 	if want := max(o.slotSize, maxSize); dev.Attr().MaxInline >= want {
 		c.inlineMax = want
 	}
-	recvs, sends := c.recvDepth(), sendDepth(o)
-	// Every work request posted can complete, in error at least (a flush
-	// completes unsignaled writes too).
-	if c.cq, err = dev.CreateCQ(recvs + sends); err != nil {
+	recvs := c.recvDepth()
+	if c.cq, err = dev.CreateCQ(2*recvs + 2*o.slotCount + maxServing + 16); err != nil {
 		return nil, cfg, fmt.Errorf("conn: completion queue: %w", err)
 	}
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
-		MaxSendWR: sends, MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
+		MaxSendWR: max(o.slotCount, maxCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
 		MaxInline:  c.inlineMax,
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
@@ -237,34 +235,6 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 		cfg.InitialRecvs[i].ID = uint64(i)
 	}
 	return c, cfg, nil
-}
-
-// sqData bounds the data writes in flight, over both rings: the send
-// queue holds a request until its completion is polled. Sizing the queue
-// for every slot of the deepest ring cost an idle connection queue
-// memory it never used: on rxe the send queue is mapped into the
-// process, 20 KiB at 56 entries, 12 KiB at 28. 16 holds every slot of
-// the first large phase, and in the rxe guest raw writes ran as fast as
-// with no bound (two runs each way). 7 would also have shrunk the CQ
-// below 64 entries (12 KiB instead of 20), but there it cost raw writes
-// a third of their throughput (completions come late under emulation)
-// and was not kept.
-const sqData = 16
-
-// ctlSends bounds the control messages in flight: a credit message, an
-// EOF, a close, a park and its answer, a control record, and two spare.
-const ctlSends = 8
-
-// sendDepth is the send queue a connection needs: data, control, and the
-// writes of the read requests it may serve at once (rendezvous, one
-// per segment; only their last is signaled, but all hold the queue).
-func sendDepth(o *options) int {
-	return sqData + ctlSends + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment)
-}
-
-// dataOutLocked is the data writes posted and not yet completed.
-func (c *Conn) dataOutLocked() int {
-	return int(c.tx[small].seq - c.tx[small].done + c.tx[large].seq - c.tx[large].done)
 }
 
 // recvDepth: every message (data, record, credit, EOF) consumes a posted
@@ -659,15 +629,7 @@ func (c *Conn) write(b []byte) (int, error) {
 			}
 			const reserve = 1 // kept for control records
 			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
-				if c.dataOutLocked() < sqData {
-					break
-				}
-				// The send queue's share for data is full: its completions
-				// come with the peer's acknowledgements, not its reader, so
-				// this is no credit stall.
-				c.creditWait = true
-				c.waitLocked(ch, c.wdl)
-				continue
+				break
 			}
 			if stalled.IsZero() {
 				stalled = time.Now()

@@ -40,11 +40,8 @@ const (
 	// one request outstanding; the holder may see its next one before it
 	// polled the completion of the previous.
 	maxServing = 4
-	// rdvSegment is the largest single RDMA write of a transfer: a
-	// default chunk is one write, so a request served holds one entry of
-	// the send queue (sendDepth). Far below what RoCE and IB allow in one
-	// message (1-2 GiB).
-	rdvSegment = DefaultRendezvousChunk
+	// rdvSegment is the largest single RDMA write of a transfer.
+	rdvSegment = 1 << 20
 	// idRdv marks the work requests of a transfer (the holder's writes).
 	idRdv = 1 << 60
 )
