@@ -25,8 +25,10 @@ const (
 	// RemoteEnv names the spawner (host:port) whose host runs the
 	// server children: set, spawn starts them there, not here.
 	RemoteEnv = "RDMABENCH_REMOTE"
-	// tcpHostEnv is the address a child's TCP and rdmagrpc listeners
-	// bind, set by the spawner: its clients are on another host.
+	// tcpHostEnv is the address a child's TCP listener binds, set by the
+	// spawner (with HostEnv, rdmagrpc's): its clients are on another
+	// host. Apart from HostEnv because a local run with -host keeps TCP
+	// on loopback.
 	tcpHostEnv = "RDMABENCH_TCP_HOST"
 	// remoteWait bounds the wait for the spawner: the two hosts boot at
 	// the same time, and either may come up first.
@@ -119,14 +121,14 @@ func spawnFor(c net.Conn, host string, exit func()) error {
 
 // dialSpawner asks the spawner at addr for a child with env, retrying
 // until the spawner's host is up.
-func dialSpawner(addr string, env []string) (net.Conn, error) {
+func dialSpawner(addr string, env []string) (*net.TCPConn, error) {
 	deadline := time.Now().Add(remoteWait)
 	for {
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 		if err == nil {
 			_, err = io.WriteString(c, strings.Join(env, "\n")+"\n\n")
 			if err == nil {
-				return c, nil
+				return c.(*net.TCPConn), nil
 			}
 			c.Close()
 		}
@@ -139,20 +141,17 @@ func dialSpawner(addr string, env []string) (net.Conn, error) {
 
 // remoteChild is the child's end for stop: closing our half ends its
 // stdin; it has exited once the spawner closes the connection.
-type remoteChild struct{ c net.Conn }
+type remoteChild struct{ c *net.TCPConn }
 
 func (r remoteChild) Write(b []byte) (int, error) { return r.c.Write(b) }
 
 func (r remoteChild) Close() error {
-	if tc, ok := r.c.(*net.TCPConn); ok {
-		tc.CloseWrite()
-		r.c.SetReadDeadline(time.Now().Add(30 * time.Second))
-		_, err := io.Copy(io.Discard, r.c)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			err = fmt.Errorf("the remote child did not exit: %w", err)
-		}
-		r.c.Close()
-		return err
+	r.c.CloseWrite()
+	r.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, err := io.Copy(io.Discard, r.c)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("the remote child did not exit: %w", err)
 	}
-	return r.c.Close()
+	r.c.Close()
+	return err
 }

@@ -37,11 +37,8 @@ func transports(dir string, opts ...conn.Option) []network {
 		{
 			name: TCP,
 			listen: func(ctx context.Context) (net.Listener, error) {
-				host := os.Getenv(tcpHostEnv) // a remote child's (remote.go)
-				if host == "" {
-					host = "127.0.0.1"
-				}
-				return (&net.ListenConfig{}).Listen(ctx, "tcp", net.JoinHostPort(host, "0"))
+				// A remote child's host (remote.go), else loopback.
+				return (&net.ListenConfig{}).Listen(ctx, "tcp", net.JoinHostPort(envHost(tcpHostEnv), "0"))
 			},
 			dial: func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) },
 		},
@@ -64,11 +61,17 @@ func transports(dir string, opts ...conn.Option) []network {
 // inherits it.
 const HostEnv = "RDMAGRPC_BENCH_HOST"
 
-func rdma(opts ...conn.Option) network {
-	host := os.Getenv(HostEnv)
-	if host == "" {
-		host = "127.0.0.1"
+// envHost is the address the environment variable name holds, or
+// 127.0.0.1.
+func envHost(name string) string {
+	if h := os.Getenv(name); h != "" {
+		return h
 	}
+	return "127.0.0.1"
+}
+
+func rdma(opts ...conn.Option) network {
+	host := envHost(HostEnv)
 	return network{
 		name: RDMA,
 		listen: func(ctx context.Context) (net.Listener, error) {

@@ -40,7 +40,7 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (and of each server child to FILE.server.<transport>, its last round)")
 	flag.BoolVar(&cfg.OneProcess, "oneprocess", cfg.OneProcess, "also measure client and server in one process (a second table, for reference)")
 	host := flag.String("host", "", "address rdmagrpc listens on (default 127.0.0.1; an RDMA device's address with verbs)")
-	spawner := flag.String("spawner", "", "serve server children on this TCP address for a bench run on another host (-remote there), until killed; needs -host")
+	spawner := flag.String("spawner", "", "serve server children on this TCP address for a bench run on another host (-remote there), until that run ends; needs -host")
 	remote := flag.String("remote", "", "run the server children on another host, through its -spawner at this host:port")
 	flag.Parse()
 	if *host != "" {

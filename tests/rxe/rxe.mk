@@ -35,6 +35,8 @@ rxe-clean:
 RXE_IDLE ?= 1000,10000
 RXE_ROUNDS ?= 0
 RXE_BENCHTIME ?= 300ms
+# The speed-only targets below: RXE_ROUNDS, or 3 where it is 0.
+RXE_SPEED_ROUNDS = $(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS))
 bench-rxe: deps
 	$(GO) build -o bin/rdmabench ./cmd/rdmabench
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
@@ -54,7 +56,7 @@ bench-rxe-compare: deps
 	$(GO) build -o bin/rdmabench-after ./cmd/rdmabench
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
 	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 40m -f bin/rdmabench-before -f bin/rdmabench-after \
-	  -f tests/rxe/bench-compare.sh -e ROUNDS=$(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS)) -e BENCHTIME=$(RXE_BENCHTIME) \
+	  -f tests/rxe/bench-compare.sh -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
 	  -- /rxe/bin/bench-compare.sh
 
 # The speed figures with client and server on two hosts: two guests, rdmabench
@@ -66,5 +68,5 @@ bench-rxe-pair: deps
 	$(GO) build -o bin/rdmabench ./cmd/rdmabench
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
 	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 40m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh \
-	  -e ROUNDS=$(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS)) -e BENCHTIME=$(RXE_BENCHTIME) \
+	  -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
 	  -b /rxe/bin/bench-pair.sh -- /rxe/bin/bench-pair.sh
