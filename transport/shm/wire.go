@@ -17,7 +17,7 @@ const (
 	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header
 	msgAccept     = 2 // same
 	msgReject     = 3 // private data
-	msgReady      = 4 // the connecting side has mapped everything (RTU)
+	msgReady      = 4 // the connecting side has mapped everything (RTU); sent for listeners of earlier versions, which wait for it
 	msgMemReq     = 5 // req id, memfd id, rkey
 	msgMemRep     = 6 // req id, ok; fd when ok
 	msgErrNote    = 7 // "I moved your QP (or your CQ) to ERROR", wake up
