@@ -109,7 +109,7 @@ type Pool struct {
 	minShift int
 	maxSize  int
 	maxFree  int
-	onReg    func(int, time.Duration, error)
+	onReg    atomic.Pointer[func(int, time.Duration, error)]
 
 	regs, deregs, reuses, regNanos, doubles, trims, relErrs, reclaims, overdrafts atomic.Uint64
 
@@ -145,8 +145,8 @@ func New(dev transport.Device, pd transport.PD, opts Options) (*Pool, error) {
 		minSize: opts.MinSize,
 		maxSize: opts.MaxSize,
 		maxFree: opts.MaxFree,
-		onReg:   opts.OnRegister,
 	}
+	p.SetOnRegister(opts.OnRegister)
 	if p.budget == nil {
 		p.budget = Default()
 	}
@@ -174,6 +174,19 @@ func New(dev transport.Device, pd transport.PD, opts Options) (*Pool, error) {
 	p.budget.join(p)
 	return p, nil
 }
+
+// SetOnRegister replaces Options.OnRegister: for a pool that passes to
+// another holder (conn hands a closed connection's pool to the next).
+func (p *Pool) SetOnRegister(f func(size int, d time.Duration, err error)) {
+	if f == nil {
+		p.onReg.Store(nil)
+		return
+	}
+	p.onReg.Store(&f)
+}
+
+// Device returns the device the pool allocates memory of.
+func (p *Pool) Device() transport.Device { return p.dev }
 
 // Budget returns the budget the pool charges.
 func (p *Pool) Budget() *Budget { return p.budget }
@@ -275,8 +288,8 @@ func (p *Pool) registerCharged(key freeKey, size int) (*region, error) {
 	mr, err := p.pd.RegMR(mem, key.access)
 	d := time.Since(start)
 	p.regNanos.Add(uint64(d))
-	if p.onReg != nil {
-		p.onReg(size, d, err)
+	if f := p.onReg.Load(); f != nil {
+		(*f)(size, d, err)
 	}
 	if err != nil {
 		p.budget.release(int64(size))

@@ -194,11 +194,15 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 			partial.release()
 		}
 	}()
-	if c.pd, err = dev.AllocPD(); err != nil {
-		return nil, cfg, fmt.Errorf("conn: allocate protection domain: %w", err)
-	}
-	if c.pool, err = bufpool.New(dev, c.pd, bufpool.Options{Budget: o.budget, OnRegister: c.tel.Registered}); err != nil {
-		return nil, cfg, err
+	if c.pd, c.pool = takeKit(dev, o.budget); c.pool != nil {
+		c.pool.SetOnRegister(c.tel.Registered)
+	} else {
+		if c.pd, err = dev.AllocPD(); err != nil {
+			return nil, cfg, fmt.Errorf("conn: allocate protection domain: %w", err)
+		}
+		if c.pool, err = bufpool.New(dev, c.pd, bufpool.Options{Budget: o.budget, OnRegister: c.tel.Registered}); err != nil {
+			return nil, cfg, err
+		}
 	}
 	size := o.slotSize * o.slotCount
 	ring, err := c.pool.Get(bufpool.Owner(c.id), size, transport.AccessLocalWrite|transport.AccessRemoteWrite)
@@ -212,6 +216,9 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	// The last staging slot holds control records; data uses the others.
 	c.tx[small] = txRing{stage: stage, stageSize: o.slotSize, stageSlots: o.slotCount - 1}
+	if c.pool.Stats().FreeBuffers > 0 {
+		c.pool.Trim() // a kit of rings of other sizes
+	}
 	maxSize, maxCount := o.maxLarge()
 	if want := max(o.slotSize, maxSize); dev.Attr().MaxInline >= want {
 		c.inlineMax = want
@@ -960,15 +967,26 @@ func (c *Conn) release() {
 	}
 	c.endTelemetry()
 	c.releaseRendezvous()
-	if c.qp != nil {
-		c.qp.Close()
-	}
+	destroyed := c.qp == nil || c.qp.Close() == nil
 	if c.cq != nil {
 		c.cq.Close()
 	}
-	for _, b := range []*bufpool.Buffer{c.rx[small].buf, c.rx[large].buf, c.tx[small].stage, c.tx[large].stage} {
+	for _, b := range []*bufpool.Buffer{c.rx[large].buf, c.tx[large].stage} {
 		if b != nil {
 			b.Release()
+		}
+	}
+	if c.pool != nil {
+		c.pool.Trim() // a kit keeps the small rings alone
+	}
+	for _, b := range []*bufpool.Buffer{c.rx[small].buf, c.tx[small].stage} {
+		if b != nil {
+			b.Release()
+		}
+	}
+	if c.pool != nil && c.pd != nil && destroyed {
+		if s := c.pool.Stats(); s.InUseBuffers == 0 && s.FreeBuffers > 0 && keepKit(c.pool.Device(), c.pd, c.pool) {
+			return
 		}
 	}
 	if c.pool != nil {

@@ -307,6 +307,7 @@ func TestFreeSmallOnEnlarge(t *testing.T) {
 // and releases what it had, without touching a nil connection.
 func TestDialSetupFailure(t *testing.T) {
 	waitLingering(t) // earlier tests' connections finish their teardown
+	ReleaseKits()    // so that the dial registers its rings
 	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()))
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,9 @@ func noLeaks(t *testing.T, budget *bufpool.Budget, goroutines goleak.Option) {
 	// A closed connection may still be delivering in the background
 	// (SetLinger): wait for every teardown.
 	deadline := time.Now().Add(5 * time.Second)
-	for (!leaks.Live().Zero() || budget.Used() != 0 || lingering.Load() != 0) && time.Now().Before(deadline) {
+	// Kits of closed connections are kept for the next ones: they are
+	// closed here, and again while teardowns still run.
+	for ReleaseKits(); (!leaks.Live().Zero() || budget.Used() != 0 || lingering.Load() != 0) && time.Now().Before(deadline); ReleaseKits() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if l := leaks.Live(); !l.Zero() {

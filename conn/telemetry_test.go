@@ -180,6 +180,7 @@ func eventNames(s sdktrace.ReadOnlySpan) []string {
 // The scripted workload: a credit stall, one enlargement, one rendezvous
 // transfer, close. Every span and metric is checked exactly.
 func TestTelemetryScriptedWorkload(t *testing.T) {
+	ReleaseKits() // both ends register their small rings, as a first connection does
 	h := newOtelSDK(t)
 	a, b := conns(t, h.opts()...)
 
@@ -424,6 +425,7 @@ func TestTelemetryAckTimeout(t *testing.T) {
 // sender's both end in error with the reason, and the failed
 // registration is counted with its error.type.
 func TestTelemetryRegistrationRefused(t *testing.T) {
+	ReleaseKits() // both ends register their small rings, as a first connection does
 	hr := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, MinLen: largeBytes})
 	defer hr.Remove()
 	h := newOtelSDK(t)

@@ -362,6 +362,15 @@ type Router interface {
 	DeviceFor(ctx context.Context, addr string) (Device, error)
 }
 
+// DeviceWrapper is implemented by a Device that stands for another for one
+// connection (shm's DeviceFor: the listener's process's device, with a
+// socket to it already connected): what is made on it (PDs, memory, CQs)
+// is the underlying device's, and may serve that device's later
+// connections.
+type DeviceWrapper interface {
+	Unwrap() Device
+}
+
 // RequestDevice is implemented by a ConnRequest that arrived through a
 // device other than the listener's may: the connection's resources must
 // be made on Device before Accept.

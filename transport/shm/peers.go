@@ -168,6 +168,9 @@ type dialDevice struct {
 	port int
 }
 
+// Unwrap implements transport.DeviceWrapper.
+func (dd *dialDevice) Unwrap() transport.Device { return dd.device }
+
 func (dd *dialDevice) Connect(ctx context.Context, addr string, cfg transport.QPConfig, private []byte) (transport.QP, error) {
 	c, err := dd.take(addr, private)
 	if err != nil {

@@ -219,6 +219,7 @@ func conns(in *bufio.Scanner, n int, addr string) error {
 		errs = append(errs, c.Close())
 	}
 	all = nil
+	conn.ReleaseKits() // the closed connections' PDs and rings, kept for later ones otherwise
 	return errors.Join(errs...)
 }
 
