@@ -2,11 +2,29 @@ package conn
 
 import (
 	"io"
+	"os"
 	"testing"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
+
+// kitFaults counts the registrations of the provider this tier runs on:
+// verbs in the rxe guest, shm elsewhere.
+var kitFaults = func() *fault.Injector {
+	name := "shm"
+	if os.Getenv("RXE_ADDR") != "" {
+		name = "verbs"
+	}
+	p, err := transport.Get(name)
+	if err != nil {
+		panic(err)
+	}
+	inj := fault.Wrap(p, "conn-kit-"+name)
+	transport.Register(inj)
+	return inj
+}()
 
 // A connection after the first on a device registers nothing: its PD and
 // small rings are a closed connection's (kit.go), on both ends. A dial
@@ -14,9 +32,9 @@ import (
 func TestDialsReuseKits(t *testing.T) {
 	waitLingering(t)
 	ReleaseKits()
-	regs := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActCount})
+	regs := kitFaults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActCount})
 	defer regs.Remove()
-	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()), WithoutTCP())
+	l, err := Listen(t.Context(), testAddr(), WithProvider(kitFaults.Name()), WithoutTCP())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +50,7 @@ func TestDialsReuseKits(t *testing.T) {
 			}
 			done <- err
 		}()
-		c, err := Dial(t.Context(), l.Addr().String(), append([]Option{WithProvider(faults.Name()), WithoutTCP()}, opts...)...)
+		c, err := Dial(t.Context(), l.Addr().String(), append([]Option{WithProvider(kitFaults.Name()), WithoutTCP()}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +74,7 @@ func TestDialsReuseKits(t *testing.T) {
 	if n := regs.Fired(); n != 4 {
 		t.Fatalf("10 connections registered %d times, want 4: the first one's two rings on each end", n)
 	}
-	if live := faults.Live(); live.PDs != 2 || live.QPs != 0 {
+	if live := kitFaults.Live(); live.PDs != 2 || live.QPs != 0 {
 		t.Fatalf("after 10 connections, live %+v; want the 2 PDs of the two kits and no QP", live)
 	}
 
@@ -69,7 +87,7 @@ func TestDialsReuseKits(t *testing.T) {
 	}
 
 	ReleaseKits()
-	if live := faults.Live(); !live.Zero() {
+	if live := kitFaults.Live(); !live.Zero() {
 		t.Fatalf("after dropKits, live %+v", live)
 	}
 	if n := b.Used(); n != 0 {
