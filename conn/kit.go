@@ -2,6 +2,7 @@ package conn
 
 import (
 	"cmp"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,7 +65,7 @@ func takeKit(dev transport.Device, budget *bufpool.Budget) (transport.PD, *bufpo
 	defer kits.Unlock()
 	for i := len(kits.list) - 1; i >= 0; i-- {
 		if k := kits.list[i]; k.dev == dev && k.pool.Budget() == budget {
-			kits.list = append(kits.list[:i], kits.list[i+1:]...)
+			kits.list = slices.Delete(kits.list, i, i+1)
 			return k.pd, k.pool
 		}
 	}
@@ -101,8 +102,8 @@ func sweepKits() {
 	for n < len(kits.list) && now.Sub(kits.list[n].kept) >= kitLife {
 		n++
 	}
-	old := append([]kit(nil), kits.list[:n]...)
-	kits.list = append(kits.list[:0], kits.list[n:]...)
+	old := slices.Clone(kits.list[:n])
+	kits.list = slices.Delete(kits.list, 0, n)
 	if len(kits.list) > 0 {
 		kits.sweep.Reset(kitLife - now.Sub(kits.list[0].kept))
 	} else {
