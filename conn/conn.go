@@ -642,7 +642,7 @@ func (c *Conn) write(b []byte) (int, error) {
 				stalled = time.Now()
 				c.st.CreditStalls++
 				if c.sending == large {
-					c.enl.stalls++ // the ladder's signal (climb)
+					c.enl.stall(stalled) // the ladder's signal (climb)
 				}
 				c.tel.CreditStall()
 			}

@@ -86,12 +86,14 @@ type enlargement struct {
 	pressureUntil  time.Time     // when that ask lapses
 	// The ladder (WithBufferPhases): level is the large phase asked for
 	// next, and held once enlarged (0: the first); stalls are the credit
-	// stalls in it; capped: the peer gave less than asked, so climbing
-	// further is no use; climbing: the shrink under way is a step up.
-	level    int
-	stalls   int
-	capped   bool
-	climbing bool
+	// stalls in it, counted from stallsFrom (ms since epoch, ladder.go);
+	// capped: the peer gave less than asked, so climbing further is no
+	// use; climbing: the shrink under way is a step up.
+	level      int
+	stalls     uint32
+	stallsFrom uint32
+	capped     bool
+	climbing   bool
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	answered  uint32 // the newest request answered

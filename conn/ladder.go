@@ -15,13 +15,34 @@ import (
 // provisions the deeper ring once the old one is drained.
 
 const (
-	// climbStalls: credit stalls in a large phase before its writer asks
-	// for the next one. A stall is a full ring: the peer's reader is
-	// behind by the whole ring.
+	// climbStalls: credit stalls in a large phase, within climbWindow,
+	// before its writer asks for the next one. A stall is a full ring:
+	// the peer's reader is behind by the whole ring.
 	climbStalls = 8
+	// climbWindow: stalls count towards a climb while they come this
+	// close together: a writer that keeps stalling, not one that stalled
+	// now and then over a long life. Counted from the first stall, they
+	// used to add up for ever, and a connection whose ring filled once
+	// every few seconds climbed to the third phase, 2 MiB more registered
+	// on each side, at an arbitrary moment: in the rxe guest's bench, in
+	// its steady-state phase, in 3 of 6 probes (2 or 4 registrations of
+	// 2 MiB).
+	climbWindow = time.Second
 	// shrinkClimb, in a shrink record's addr: a step up, not a shrink.
 	shrinkClimb = 1
 )
+
+// epoch is what stallsFrom counts from.
+var epoch = time.Now()
+
+// stall counts a credit stall of the large phase at now.
+func (e *enlargement) stall(now time.Time) {
+	ms := uint32(now.Sub(epoch) / time.Millisecond)
+	if e.stalls == 0 || ms-e.stallsFrom > uint32(climbWindow/time.Millisecond) {
+		e.stalls, e.stallsFrom = 0, ms
+	}
+	e.stalls++
+}
 
 // climb takes the sending direction one phase up the ladder when it keeps
 // stalling, and says whether it did (the write then enlarges). c.wmu is

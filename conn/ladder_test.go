@@ -102,3 +102,25 @@ func TestLadderStepUpShortOfBudget(t *testing.T) {
 			st.Climbs, st.EnlargeFailures, st.LastEnlargeTo, st.SendPhaseIndex)
 	}
 }
+
+// Stalls count towards a climb only while they come within climbWindow
+// of the first: a ring that fills now and then over a long life never
+// climbs, one that keeps filling does.
+func TestLadderStallsWindow(t *testing.T) {
+	var e enlargement
+	at := epoch.Add(time.Hour)
+	for range 40 {
+		e.stall(at)
+		at = at.Add(climbWindow / 4)
+	}
+	if e.stalls >= climbStalls {
+		t.Fatalf("40 stalls a quarter of the window apart: %d counted, a climb", e.stalls)
+	}
+	for range climbStalls {
+		e.stall(at)
+		at = at.Add(climbWindow / 100)
+	}
+	if e.stalls < climbStalls {
+		t.Fatalf("%d stalls within the window: %d counted, no climb", climbStalls, e.stalls)
+	}
+}
