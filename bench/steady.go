@@ -46,10 +46,21 @@ func enlargements(ctx context.Context, t network, k int) ([]time.Duration, error
 	return out, nil
 }
 
-// counters are providers wrapped to count registrations, by inner name.
+// counters are providers wrapped to count registrations, by inner name,
+// and the sizes of the registrations they counted, in order.
 var counters struct {
 	sync.Mutex
-	m map[string]*fault.Handle
+	m     map[string]*fault.Handle
+	sizes map[string][]int
+}
+
+// regSizes returns the sizes of inner's counted registrations from the
+// from-th on.
+func regSizes(inner string, from uint64) []int {
+	counters.Lock()
+	defer counters.Unlock()
+	l := counters.sizes[inner]
+	return slices.Clone(l[min(int(from), len(l)):])
 }
 
 // counting returns an rdmagrpc transport whose provider is inner wrapped
@@ -65,13 +76,19 @@ func counting(inner string, opts ...conn.Option) (network, *fault.Handle, error)
 			return network{}, nil, err
 		}
 		inj := fault.Wrap(p, name)
-		h, err = inj.Add(fault.Rule{Name: "registrations", Op: fault.OpRegMR, Action: fault.ActCount})
+		h, err = inj.Add(fault.Rule{Name: "registrations", Op: fault.OpRegMR, Action: fault.ActCount,
+			Match: func(ev *fault.Event) bool {
+				counters.Lock()
+				counters.sizes[inner] = append(counters.sizes[inner], ev.Len)
+				counters.Unlock()
+				return true
+			}})
 		if err != nil {
 			return network{}, nil, err
 		}
 		transport.Register(inj)
 		if counters.m == nil {
-			counters.m = map[string]*fault.Handle{}
+			counters.m, counters.sizes = map[string]*fault.Handle{}, map[string][]int{}
 		}
 		counters.m[inner] = h
 	}
@@ -82,6 +99,7 @@ func counting(inner string, opts ...conn.Option) (network, *fault.Handle, error)
 // here repeats over connections that have already carried it once.
 type SteadyResult struct {
 	Registrations uint64 // during the steady phase: the goal is 0
+	Sizes         []int  // of those registrations, in order
 	Warmup        uint64 // during set-up and the first pass
 	RPCs, Streams int
 	RawBytes      int64
@@ -152,5 +170,6 @@ func steady(ctx context.Context, inner string, cfg *Config, d time.Duration) Ste
 		return res
 	}
 	res.Registrations = h.Seen() - warm
+	res.Sizes = regSizes(inner, warm)
 	return res
 }

@@ -185,6 +185,13 @@ func (r *Report) Markdown(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "| registrations in steady state (%s unary RPCs, %d of each size; %d streams of %s; %.1f MiB of raw writes by rendezvous) | %d |\n",
 			thousands(float64(st.RPCs)), st.RPCs/max(len(c.Sizes), 1), st.Streams, sizeName(c.StreamSize), float64(st.RawBytes)/(1<<20), st.Registrations)
+		if len(st.Sizes) > 0 {
+			names := make([]string, len(st.Sizes))
+			for i, n := range st.Sizes {
+				names[i] = sizeName(n)
+			}
+			fmt.Fprintf(w, "| their sizes, in order | %s |\n", strings.Join(names, ", "))
+		}
 		fmt.Fprintf(w, "| registrations while warming up (connections, enlargements, first rendezvous) | %d |\n", st.Warmup)
 	}
 
