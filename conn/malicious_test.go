@@ -25,6 +25,7 @@ import (
 // staging slot. The completion is taken as a control record's.
 func forge(t *testing.T, c *Conn, ring int, imm uint32, payload []byte) {
 	t.Helper()
+	helloed(t, c) // the puppet posts on an open connection only
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.recordOut && c.err == nil {

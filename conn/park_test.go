@@ -2,6 +2,7 @@ package conn
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -35,8 +36,20 @@ func resident(t *testing.T, b []byte) int {
 	return n
 }
 
+// helloed waits for the peer's hello, which says whether it parks: a
+// dial returns before it arrives.
+func helloed(t *testing.T, cs ...*Conn) {
+	t.Helper()
+	for _, c := range cs {
+		if err := c.Handshake(context.Background()); err != nil {
+			t.Fatalf("handshake: %v", err)
+		}
+	}
+}
+
 func parkable(t *testing.T, cs ...*Conn) {
 	t.Helper()
+	helloed(t, cs...)
 	for _, c := range cs {
 		if !c.offersParks() || !c.peerParks {
 			t.Skipf("provider %s cannot give a registered ring's pages back (verbs pins them): no parking", c.Stats().Provider)
@@ -124,10 +137,13 @@ func TestParkRacesWrites(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	// The writer parks once more an idle time after its last write, and
+	// that park may still be on its way: wait for the peer to answer it.
+	waitFor(t, func() bool { return !a.isParkPending() && a.Stats().Parks == b.Stats().ParksServed })
 	s := a.Stats()
 	t.Logf("%d writes, %d parks", n, s.Parks)
-	if s.Parks == 0 || b.Stats().ParksServed != s.Parks {
-		t.Fatalf("%d parks, %d served: the test did not race writes with parks", s.Parks, b.Stats().ParksServed)
+	if s.Parks == 0 {
+		t.Fatal("no parks: the test did not race writes with parks")
 	}
 }
 
@@ -142,8 +158,10 @@ func TestParkDeclinedWithUnreadData(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return b.Stats().ParksDeclined >= 1 })
-	if s := a.Stats(); s.Parks != 0 || a.Err() != nil {
-		t.Fatalf("writer after a decline: %d parks, error %v; want 0 and none", s.Parks, a.Err())
+	// The writer may park again an idle time after the decline reached
+	// it; each such park is declined while the data stays unread.
+	if s := b.Stats(); s.ParksServed != 0 || a.Err() != nil {
+		t.Fatalf("after a decline: %d parks served, writer's error %v; want 0 and none", s.ParksServed, a.Err())
 	}
 	if resident(t, b.rx[small].buf.Bytes()) == 0 {
 		t.Fatal("the ring holding unread data was released")
@@ -177,6 +195,7 @@ func TestParkProtocolViolations(t *testing.T) {
 				opts = append(opts, WithFreeSmallOnEnlarge())
 			}
 			from, to := conns(t, opts...)
+			helloed(t, from, to) // postParkLocked is for an open connection
 			if tc.reverse {
 				from, to = to, from
 			}
@@ -210,6 +229,7 @@ func noOffers(t *testing.T) {
 func TestNoParkWithoutOffer(t *testing.T) {
 	noOffers(t)
 	a, b := conns(t, WithIdleShrink(10*time.Millisecond))
+	helloed(t, a, b)
 	if a.offersParks() || a.peerParks || b.peerParks {
 		t.Fatalf("offers %v, peers park %v %v; want none", a.offersParks(), a.peerParks, b.peerParks)
 	}
@@ -245,6 +265,13 @@ func TestParkMetric(t *testing.T) {
 }
 
 func parkedNow(c *Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.parked
+}
+
+// isParkPending says whether a park of ours waits for its answer.
+func (c *Conn) isParkPending() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.parked
