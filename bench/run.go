@@ -151,6 +151,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, size := range cfg.RawSizes {
 			rep.add(row2(rowRaw(size)), Memcpy, memcpyBandwidth(size, cfg.BenchTime))
 		}
+		if err := rep.dials(ctx, rotate(ts, round)); err != nil {
+			return nil, fmt.Errorf("round %d, two processes: dials: %w", round+1, err)
+		}
 		for _, t := range rotate(append(rawTs, bufconnNetwork()), round) {
 			if t.name == Unix && Remote() {
 				continue // no unix socket reaches another host

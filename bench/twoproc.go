@@ -385,7 +385,8 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: to a listener it negotiated with before, RDMA directly; "+
 		"it returns once its request is queued for the listener, as a TCP dial does once the kernel queued the connection, and its answer is timed apart), "+
 		"and a new grpc.ClientConn's dial to its first answered 64 B RPC; a first dial (rdmagrpc: to a server it has not seen, negotiating over TCP behind the dial and upgrading); "+
-		"against the TCP server, a plain grpc-go one, conn.Dial, which falls back to TCP:\n\n")
+		"against the TCP server, a plain grpc-go one, conn.Dial, which falls back to TCP. "+
+		"The dials and dials to first RPC of the three transports and the fall-back take turns, sample by sample, with all servers up (each transport's own child):\n\n")
 	fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | rdmagrpc / TCP |\n|---|---:|---:|---:|---:|\n", rd)
 	for _, x := range []struct{ name, ref, label string }{
 		{rowDial(), rowDial(), "dial"},
