@@ -469,12 +469,17 @@ func (r *Report) twoProcGoals() []Goal {
 		gs = append(gs, Goal{"raw 32 KiB writes ≥ 2× TCP (target 3×), two processes", s, x >= 2})
 	}
 	for _, x := range []struct{ row, name string }{
-		{rowDial(), "raw dial ≤ 2× a TCP dial (issue 16), samples in turns"},
+		{rowDial(), "raw dial ≤ 2× a TCP dial (issue 16), in turns and back to back"},
 		{rowDialRPC(), "gRPC connection set-up (dial to first RPC) ≤ 2× TCP's (issue 16)"},
 	} {
 		if v, s, ok := rat(x.row, RDMA); ok {
-			if _, b, ok := rat(rowDialBlock(), RDMA); ok && x.row == rowDial() {
-				s += " (back to back: " + b + ")"
+			// Met only if both ways are: in turns, what one
+			// transport's close leaves to do lands on the others' dials
+			// (over rxe under TCG a TCP dial took 2.3 ms in turns, 0.6 ms
+			// back to back).
+			if b, bs, ok := rat(rowDialBlock(), RDMA); ok && x.row == rowDial() {
+				s += " (back to back: " + bs + ")"
+				v = max(v, b)
 			}
 			gs = append(gs, Goal{x.name, s, v <= 2})
 		}
