@@ -66,9 +66,8 @@ type cq struct {
 	cap  int
 	seg  *segment
 	hdr  cqHeader
-	woke chan struct{}          // a wake-up for Wait, buffered so none is lost
 	fn   atomic.Pointer[func()] // SetNotify's: called instead of waking Wait
-	done chan struct{}          // closed by Close
+	wait atomic.Pointer[cqWait] // Wait's, made at its first use (waiter)
 
 	mu    sync.Mutex
 	local []cqe
@@ -80,6 +79,27 @@ type cq struct {
 	closed  bool
 	ovfSeen bool
 	tainted bool // a QP closed without its peer's word that it stopped
+}
+
+// cqWait is what Wait sleeps on. A queue with a SetNotify callback, as
+// every conn connection's on shm, never needs it: it is made at the first
+// Wait or wake-up without a callback (192 B of every connection end).
+type cqWait struct {
+	woke chan struct{} // a wake-up, buffered so none is lost
+	done chan struct{} // closed by Close
+}
+
+// waiter returns the queue's cqWait, made now if needed. Close closes
+// done if it finds it; Wait checks closed after it has it.
+func (c *cq) waiter() *cqWait {
+	if w := c.wait.Load(); w != nil {
+		return w
+	}
+	w := &cqWait{woke: make(chan struct{}, 1), done: make(chan struct{})}
+	if !c.wait.CompareAndSwap(nil, w) {
+		return c.wait.Load()
+	}
+	return w
 }
 
 var cqIDs atomic.Uint64
@@ -111,13 +131,11 @@ func newCQ(d *device, entries int) (*cq, error) {
 		return nil, fmt.Errorf("shm: create CQ: %w", err)
 	}
 	c := &cq{
-		dev:  d,
-		id:   cqIDs.Add(1),
-		cap:  entries,
-		seg:  seg,
-		hdr:  cqHeader(seg.mem),
-		woke: make(chan struct{}, 1),
-		done: make(chan struct{}),
+		dev: d,
+		id:  cqIDs.Add(1),
+		cap: entries,
+		seg: seg,
+		hdr: cqHeader(seg.mem),
 	}
 	liveCQs.Store(c.id, c)
 	return c, nil
@@ -129,7 +147,7 @@ func (c *cq) signal() {
 		(*fn)()
 		return
 	}
-	sendKick(c.woke)
+	sendKick(c.waiter().woke)
 }
 
 func (c *cq) SetNotify(fn func()) {
@@ -254,15 +272,17 @@ func (c *cq) Wait(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	select {
-	case <-c.done:
+	w := c.waiter()
+	c.mu.Lock()
+	closed := c.closed // else Close, later, finds w and closes done
+	c.mu.Unlock()
+	if closed {
 		return fmt.Errorf("shm: CQ wait: %w", net.ErrClosed)
-	default:
 	}
 	select {
-	case <-c.woke:
+	case <-w.woke:
 		return nil
-	case <-c.done:
+	case <-w.done:
 		return fmt.Errorf("shm: CQ wait: %w", net.ErrClosed)
 	case <-ctx.Done():
 		return ctx.Err()
@@ -333,7 +353,9 @@ func (c *cq) Close() error {
 		return nil
 	}
 	c.closed = true
-	close(c.done)
+	if w := c.wait.Load(); w != nil {
+		close(w.done)
+	}
 	liveCQs.Delete(c.id)
 	c.releaseLocked()
 	c.dev.cqs.Add(-1)

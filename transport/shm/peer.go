@@ -277,8 +277,15 @@ func (q *qp) deliverMemRep(b []byte, fds []int) {
 	} else {
 		closeFDs(fds)
 	}
+	w := q.memW.Load()
+	if w == nil { // nothing was asked
+		if r.fd >= 0 {
+			unix.Close(r.fd)
+		}
+		return
+	}
 	select {
-	case q.memRep <- r:
+	case w.rep <- r:
 	default: // nobody waits for it any more
 		if r.fd >= 0 {
 			unix.Close(r.fd)
@@ -308,11 +315,21 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	if m, ok := q.dev.knownArena(k); ok {
 		return q.peer.add(e, m), nil
 	}
+	w := q.memW.Load()
+	if w == nil {
+		w = &memWait{rep: make(chan memReply, 1), hup: make(chan struct{})}
+		q.memW.Store(w) // only here, with sendMu held
+		// hangup closes hup if it finds w, after it marked the peer
+		// gone: if it did not find w, this sees the mark.
+		if q.peerGone.Load() {
+			return nil, fmt.Errorf("%w: peer gone", errMemfd)
+		}
+	}
 	q.memReqID++
 	req := q.memReqID
 	// Drop a stale reply left by an earlier timed-out request.
 	select {
-	case r := <-q.memRep:
+	case r := <-w.rep:
 		if r.fd >= 0 {
 			unix.Close(r.fd)
 		}
@@ -326,7 +343,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	defer t.Stop()
 	for {
 		select {
-		case r := <-q.memRep:
+		case r := <-w.rep:
 			if r.req != req {
 				if r.fd >= 0 {
 					unix.Close(r.fd)
@@ -342,7 +359,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 			}
 			q.dev.keepArena(k, m)
 			return q.peer.add(e, m), nil
-		case <-q.hup:
+		case <-w.hup:
 			return nil, fmt.Errorf("%w: peer gone", errMemfd)
 		case <-t.C:
 			return nil, fmt.Errorf("%w: peer did not answer a memfd request", errMemfd)

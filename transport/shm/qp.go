@@ -26,12 +26,16 @@ type qp struct {
 	ring ring // our receive queue and state word, shared with the peer
 
 	// Owner side of the receive ring.
-	recvMu    sync.Mutex
-	rqPosted  uint64
-	rqPolled  uint64
+	recvMu   sync.Mutex
+	rqPosted uint64
+	rqPolled uint64
+	// rqIDs are the posted receives' IDs by slot; nil while each ID is
+	// its slot's index, as conn posts them (352 B of every connection
+	// end). ownFlush: the slots this side claimed in order to flush them,
+	// made in ERROR only.
 	rqIDs     []uint64
-	ownFlush  []bool // slots this side claimed in order to flush them
-	recvGone  bool   // Close drained the ring
+	ownFlush  []bool
+	recvGone  bool // Close drained the ring
 	sqRetired atomic.Uint64
 
 	// Send side: the requester engine (datapath.go).
@@ -55,18 +59,17 @@ type qp struct {
 	// copy kept for the connection's life cost a client end 200 B).
 	peerPriv []byte
 
-	sockRC      syscall.RawConn // conn's, for the socket poller
-	sockFD      int             // conn's descriptor while watched (sockets.mu)
-	sockID      int32           // its registration with the socket poller (sockets.mu)
-	peerPrivLen uint8           // (here, not by peerPriv: it fills sockID's padding)
-	memRep      chan memReply
+	sockRC      syscall.RawConn         // conn's, for the socket poller
+	sockFD      int                     // conn's descriptor while watched (sockets.mu)
+	sockID      int32                   // its registration with the socket poller (sockets.mu)
+	peerPrivLen uint8                   // (here, not by peerPriv: it fills sockID's padding)
+	memW        atomic.Pointer[memWait] // a memfd request's, made at the first (peer.go)
 	// The retry timer and kicks run service on a goroutine of their own,
 	// only while there is something to do: an idle QP has none.
 	kicking   atomic.Bool
 	svcMu     sync.Mutex
 	svcClosed bool // Close ran: service does nothing any more
 	hupOnce   sync.Once
-	hup       chan struct{} // closed when the peer is gone
 	disc      chan struct{} // Disconnected()
 	peerGone  atomic.Bool
 	discing   atomic.Bool
@@ -82,6 +85,15 @@ type qp struct {
 type memReply struct {
 	req uint64
 	fd  int
+}
+
+// memWait is where a memfd request waits: for the reply, or for the peer
+// to be gone (hup, closed by hangup). Few connections ever ask (a
+// device keeps the arenas its connections fetched), so it is made at
+// the first request.
+type memWait struct {
+	rep chan memReply
+	hup chan struct{}
 }
 
 // qpLimits is what a QP keeps of its transport.QPConfig: its PD and CQs
@@ -127,19 +139,15 @@ func (d *device) newQP(cfg transport.QPConfig) (*qp, error) {
 		return nil, fmt.Errorf("shm: create QP: %w", err)
 	}
 	q := &qp{
-		dev:      d,
-		pd:       p,
-		num:      qpNums.Add(1),
-		cfg:      limitsOf(cfg),
-		scq:      scq,
-		rcq:      rcq,
-		seg:      seg,
-		ring:     newRing(seg.mem, cfg.MaxRecvWR, cfg.MaxRecvSGE),
-		rqIDs:    make([]uint64, max(cfg.MaxRecvWR, 1)),
-		ownFlush: make([]bool, max(cfg.MaxRecvWR, 1)),
-		memRep:   make(chan memReply, 1),
-		hup:      make(chan struct{}),
-		disc:     make(chan struct{}),
+		dev:  d,
+		pd:   p,
+		num:  qpNums.Add(1),
+		cfg:  limitsOf(cfg),
+		scq:  scq,
+		rcq:  rcq,
+		seg:  seg,
+		ring: newRing(seg.mem, cfg.MaxRecvWR, cfg.MaxRecvSGE),
+		disc: make(chan struct{}),
 	}
 	*word32(seg.mem, qpState) = uint32(transport.QPSRTS)
 	scq.attach(q, false)
@@ -248,7 +256,7 @@ func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
 			break
 		}
 		i := q.rqPosted
-		q.rqIDs[i%q.ring.cap] = wr.ID
+		q.setRecvID(i%q.ring.cap, wr.ID)
 		q.ring.post(i, wr.SG)
 		q.rqPosted++
 		n++
@@ -259,6 +267,27 @@ func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
 		q.rcq.wake()
 	}
 	return n, err
+}
+
+// setRecvID keeps the ID of the receive posted in slot s (recvMu).
+func (q *qp) setRecvID(s, id uint64) {
+	if q.rqIDs == nil {
+		if id == s {
+			return
+		}
+		q.rqIDs = make([]uint64, q.ring.cap)
+		for j := range q.rqIDs {
+			q.rqIDs[j] = uint64(j)
+		}
+	}
+	q.rqIDs[s] = id
+}
+
+func (q *qp) recvID(s uint64) uint64 {
+	if q.rqIDs == nil {
+		return s
+	}
+	return q.rqIDs[s]
 }
 
 // claimForFlushLocked claims, once the QP is in ERROR, every posted
@@ -273,6 +302,9 @@ func (q *qp) claimForFlushLocked() bool {
 			return false
 		}
 		if q.ring.casClaimed(c, p) {
+			if q.ownFlush == nil {
+				q.ownFlush = make([]bool, q.ring.cap)
+			}
 			for i := c; i < p; i++ {
 				q.ownFlush[i%q.ring.cap] = true
 			}
@@ -299,7 +331,7 @@ func (q *qp) pollRecv(wc []transport.WorkCompletion) (n, counted int) {
 		*w = transport.WorkCompletion{}
 		if q.ring.completed(i, w) {
 			counted++
-		} else if q.ownFlush[s] || (gone && i < q.ring.claimed()) {
+		} else if (q.ownFlush != nil && q.ownFlush[s]) || (gone && i < q.ring.claimed()) {
 			// A slot we claimed in ERROR, or one a dead peer claimed
 			// and never completed.
 			w.Status = transport.StatusWRFlushErr
@@ -307,8 +339,10 @@ func (q *qp) pollRecv(wc []transport.WorkCompletion) (n, counted int) {
 		} else {
 			break // the peer is still working on slot i
 		}
-		q.ownFlush[s] = false
-		w.ID = q.rqIDs[s]
+		if q.ownFlush != nil {
+			q.ownFlush[s] = false
+		}
+		w.ID = q.recvID(s)
 		w.QPNum = q.num
 		q.rqPolled++
 		q.ring.setPolled(q.rqPolled)
@@ -352,7 +386,9 @@ func (q *qp) hangup() { q.hupOnce.Do(q.hangupOnce) }
 func (q *qp) hangupOnce() {
 	q.peerGone.Store(true)
 	q.ring.setErr()
-	close(q.hup) // releases a requester waiting for a memfd reply
+	if w := q.memW.Load(); w != nil {
+		close(w.hup) // releases a requester waiting for a memfd reply
+	}
 	q.sendMu.Lock()
 	q.progress()
 	q.sendMu.Unlock()
