@@ -319,11 +319,12 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	if w == nil {
 		w = &memWait{rep: make(chan memReply, 1), hup: make(chan struct{})}
 		q.memW.Store(w) // only here, with sendMu held
-		// hangup closes hup if it finds w, after it marked the peer
-		// gone: if it did not find w, this sees the mark.
-		if q.peerGone.Load() {
-			return nil, fmt.Errorf("%w: peer gone", errMemfd)
-		}
+	}
+	// hangup closes hup if it finds w, after it marked the peer gone; if
+	// it came before w was made, hup stays open and only the mark tells
+	// this request, or a later one of the same execute, not to wait.
+	if q.peerGone.Load() {
+		return nil, fmt.Errorf("%w: peer gone", errMemfd)
 	}
 	q.memReqID++
 	req := q.memReqID
