@@ -46,53 +46,57 @@ func enlargements(ctx context.Context, t network, k int) ([]time.Duration, error
 	return out, nil
 }
 
-// counters are providers wrapped to count registrations, by inner name,
-// and the sizes of the registrations they counted, in order.
+// counters holds, for each inner provider wrapped to count registrations
+// (by inner name), the sizes of the registrations counted, in order.
 var counters struct {
 	sync.Mutex
-	m     map[string]*fault.Handle
 	sizes map[string][]int
+}
+
+// regCount is how many registrations of inner were counted so far.
+func regCount(inner string) int {
+	counters.Lock()
+	defer counters.Unlock()
+	return len(counters.sizes[inner])
 }
 
 // regSizes returns the sizes of inner's counted registrations from the
 // from-th on.
-func regSizes(inner string, from uint64) []int {
+func regSizes(inner string, from int) []int {
 	counters.Lock()
 	defer counters.Unlock()
 	l := counters.sizes[inner]
-	return slices.Clone(l[min(int(from), len(l)):])
+	return slices.Clone(l[min(from, len(l)):])
 }
 
 // counting returns an rdmagrpc transport whose provider is inner wrapped
 // by transport/fault with one rule that only counts PD.RegMR calls.
-func counting(inner string, opts ...conn.Option) (network, *fault.Handle, error) {
+func counting(inner string, opts ...conn.Option) (network, error) {
 	counters.Lock()
 	defer counters.Unlock()
 	name := "bench-count-" + inner
-	h, ok := counters.m[inner]
-	if !ok {
+	if _, ok := counters.sizes[inner]; !ok {
 		p, err := transport.Get(inner)
 		if err != nil {
-			return network{}, nil, err
+			return network{}, err
 		}
 		inj := fault.Wrap(p, name)
-		h, err = inj.Add(fault.Rule{Name: "registrations", Op: fault.OpRegMR, Action: fault.ActCount,
+		if _, err = inj.Add(fault.Rule{Name: "registrations", Op: fault.OpRegMR, Action: fault.ActCount,
 			Match: func(ev *fault.Event) bool {
 				counters.Lock()
 				counters.sizes[inner] = append(counters.sizes[inner], ev.Len)
 				counters.Unlock()
 				return true
-			}})
-		if err != nil {
-			return network{}, nil, err
+			}}); err != nil {
+			return network{}, err
 		}
 		transport.Register(inj)
-		if counters.m == nil {
-			counters.m, counters.sizes = map[string]*fault.Handle{}, map[string][]int{}
+		if counters.sizes == nil {
+			counters.sizes = map[string][]int{}
 		}
-		counters.m[inner] = h
+		counters.sizes[inner] = []int{}
 	}
-	return rdma(append(slices.Clip(opts), conn.WithProvider(name))...), h, nil
+	return rdma(append(slices.Clip(opts), conn.WithProvider(name))...), nil
 }
 
 // SteadyResult: registrations made while traffic of every kind measured
@@ -112,12 +116,12 @@ type SteadyResult struct {
 // counts registrations in the second phase.
 func steady(ctx context.Context, inner string, cfg *Config, d time.Duration) SteadyResult {
 	var res SteadyResult
-	t, h, err := counting(inner, cfg.ConnOptions...)
+	t, err := counting(inner, cfg.ConnOptions...)
 	if err != nil {
 		res.Err = err
 		return res
 	}
-	before := h.Seen()
+	before := regCount(inner)
 	r, err := newRig(ctx, t)
 	if err != nil {
 		res.Err = err
@@ -162,14 +166,14 @@ func steady(ctx context.Context, inner string, cfg *Config, d time.Duration) Ste
 		res.Err = err
 		return res
 	}
-	warm := h.Seen()
-	res.Warmup = warm - before
+	warm := regCount(inner)
+	res.Warmup = uint64(warm - before)
 	res.RPCs, res.Streams, res.RawBytes = 0, 0, 0
 	if err := pass(d, 1); err != nil {
 		res.Err = err
 		return res
 	}
-	res.Registrations = h.Seen() - warm
 	res.Sizes = regSizes(inner, warm)
+	res.Registrations = uint64(len(res.Sizes))
 	return res
 }
