@@ -50,12 +50,7 @@ func TestArenaLargeAllocationDedicated(t *testing.T) {
 		t.Fatal(err)
 	}
 	allocs.RLock()
-	var ar *arena
-	for _, a := range allocs.sorted {
-		if a.base == addrOf(big) {
-			ar = a.arena
-		}
-	}
+	ar := arenaAt(addrOf(big))
 	allocs.RUnlock()
 	if ar == nil || !ar.dedicated || len(ar.mem) != dedicatedAt {
 		t.Fatalf("large allocation not in a dedicated arena: %+v", ar)
@@ -511,5 +506,68 @@ func TestPeerControlMappingsKept(t *testing.T) {
 		if got := refs(k); got != before[k]-1 {
 			t.Fatalf("the peer's file %+v has %d references once the device let it go, want %d", k, got, before[k]-1)
 		}
+	}
+}
+
+// RegMR finds the allocation behind any slice of it, in whichever arena
+// and in whatever order allocations came and went; memory that is not, or
+// no longer, an allocation is refused, and FreeMemory takes only what
+// AllocMemory returned.
+func TestAllocationIndex(t *testing.T) {
+	var mems [][]byte
+	for i := range 40 {
+		size := pageSize * (1 + i%3)
+		if i == 20 {
+			size = dedicatedAt // an arena of its own, in the index too
+		}
+		m, err := allocMemory(dataPool, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mems = append(mems, m)
+	}
+	check := func(m []byte, off, n int, want bool) {
+		t.Helper()
+		a := acquireAlloc(addrOf(m)+uintptr(off), n)
+		if (a != nil) != want {
+			t.Fatalf("acquire [%d, %d) of a %d-byte allocation: found %v, want %v", off, off+n, len(m), a != nil, want)
+		}
+		if a != nil {
+			if a.base != addrOf(m) {
+				t.Fatalf("acquire [%d, %d): allocation at %#x, want %#x", off, off+n, a.base, addrOf(m))
+			}
+			a.mrs.Add(-1)
+		}
+	}
+	// Free every third, out of order, then check what is left.
+	for i := len(mems) - 1; i >= 0; i -= 3 {
+		if err := freeMemory(mems[i][pageSize/2:]); err == nil {
+			t.Fatal("freed memory by a slice that does not start the allocation")
+		}
+		if err := freeMemory(mems[i]); err != nil {
+			t.Fatal(err)
+		}
+		check(mems[i], 0, 1, false)
+		mems[i] = nil
+	}
+	for _, m := range mems {
+		if m == nil {
+			continue
+		}
+		check(m, 0, len(m), true)
+		check(m, len(m)-1, 1, true)
+		check(m, len(m)-1, 0, true)
+		check(m, pageSize/2, len(m)-pageSize/2, true)
+		check(m, 1, len(m), false) // one byte past the run
+	}
+	for _, m := range mems {
+		if m != nil {
+			if err := freeMemory(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := freeMemory(make([]byte, 1)); err == nil {
+		t.Fatal("freed Go memory")
 	}
 }

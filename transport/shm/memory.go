@@ -45,6 +45,9 @@ type arena struct {
 	touched int
 	// dedicated arenas hold one large allocation and go when it does.
 	dedicated bool
+	// owners is the data allocation holding each page, as far as the
+	// highest page one held (allocMemory's arenas only).
+	owners []*allocation
 }
 
 type span struct{ off, n int }
@@ -188,7 +191,7 @@ func (p *pool) release(a *arena, off, n int) error {
 		return nil
 	}
 	p.arenas = slices.DeleteFunc(p.arenas, func(b *arena) bool { return b == a })
-	delete(arenas.byID, a.id)
+	forgetArena(a)
 	return a.close()
 }
 
@@ -207,7 +210,7 @@ func (p *pool) empty() bool {
 func (p *pool) drop() error {
 	var errs []error
 	for _, a := range p.arenas {
-		delete(arenas.byID, a.id)
+		forgetArena(a)
 		errs = append(errs, a.close())
 	}
 	p.arenas = nil
@@ -236,15 +239,83 @@ var (
 	ctlPool  = &pool{name: "rdmagrpc-shm-ctl"}
 )
 
-// allocs is the process-wide set of live data allocations, sorted by
-// address so that RegMR can find the arena behind any sub-slice it is
-// given, and the arenas by id for handing them to peers.
+// allocs indexes the process's live data allocations so that RegMR can
+// find the arena and allocation behind any sub-slice it is given: the
+// arenas that hold some by address, and in each the owner of every page.
+// A single list sorted by address cost each allocation and free a move of
+// the entries after it, and mmap places each new arena below the older
+// ones: ten thousand connections set up in a loop spent a tenth of the
+// client's CPU moving that list. arenas.byID is under the same lock.
 var allocs struct {
 	sync.RWMutex
-	sorted []*allocation
+	arenas []*arena // with owners, sorted by base
 }
 
 var arenas = struct{ byID map[uint64]*arena }{byID: map[uint64]*arena{}}
+
+// forgetArena drops a closing arena from the indexes. Called with allocs
+// locked.
+func forgetArena(a *arena) {
+	delete(arenas.byID, a.id)
+	if a.owners != nil {
+		allocs.arenas = slices.DeleteFunc(allocs.arenas, func(b *arena) bool { return b == a })
+	}
+}
+
+// arenaAt returns the indexed arena whose mapping holds p (or ends at it),
+// or nil. Called with allocs locked.
+func arenaAt(p uintptr) *arena {
+	i, found := slices.BinarySearchFunc(allocs.arenas, p, func(a *arena, p uintptr) int { return cmpUintptr(a.base, p) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return nil
+	}
+	if a := allocs.arenas[i]; p-a.base <= uintptr(len(a.mem)) {
+		return a
+	}
+	return nil
+}
+
+func cmpUintptr(a, b uintptr) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// own records a as the owner of its pages. Called with allocs locked.
+func (ar *arena) own(a *allocation) {
+	if ar.owners == nil {
+		i, _ := slices.BinarySearchFunc(allocs.arenas, ar.base, func(b *arena, p uintptr) int { return cmpUintptr(b.base, p) })
+		allocs.arenas = slices.Insert(allocs.arenas, i, ar)
+	}
+	first, end := a.off/pageSize, (a.off+len(a.mem))/pageSize
+	if end > len(ar.owners) {
+		ar.owners = slices.Grow(ar.owners, end-len(ar.owners))[:end]
+	}
+	for i := first; i < end; i++ {
+		ar.owners[i] = a
+	}
+}
+
+// disown forgets a as the owner of its pages. Called with allocs locked.
+func (ar *arena) disown(a *allocation) {
+	clear(ar.owners[a.off/pageSize : (a.off+len(a.mem))/pageSize])
+}
+
+// ownerAt returns the allocation holding the page of p, or nil. Called
+// with allocs locked.
+func (ar *arena) ownerAt(p uintptr) *allocation {
+	if pg := int((p - ar.base) / uintptr(pageSize)); pg < len(ar.owners) {
+		return ar.owners[pg]
+	}
+	return nil
+}
 
 var pageSize = unix.Getpagesize()
 
@@ -278,19 +349,8 @@ func allocMemory(pl *pool, size int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: alloc memory of %d bytes: %w", size, err)
 	}
-	i, _ := slices.BinarySearchFunc(allocs.sorted, a.base, cmpBase)
-	allocs.sorted = slices.Insert(allocs.sorted, i, a)
+	a.arena.own(a)
 	return a.mem[:size:size], nil
-}
-
-func cmpBase(a *allocation, base uintptr) int {
-	switch {
-	case a.base < base:
-		return -1
-	case a.base > base:
-		return 1
-	}
-	return 0
 }
 
 func freeMemory(mem []byte) error {
@@ -300,15 +360,17 @@ func freeMemory(mem []byte) error {
 	base := addrOf(mem)
 	allocs.Lock()
 	defer allocs.Unlock()
-	i, found := slices.BinarySearchFunc(allocs.sorted, base, cmpBase)
-	if !found {
+	var a *allocation
+	if ar := arenaAt(base); ar != nil {
+		a = ar.ownerAt(base)
+	}
+	if a == nil || a.base != base {
 		return fmt.Errorf("shm: free memory at %#x: not a slice returned by AllocMemory", base)
 	}
-	a := allocs.sorted[i]
 	if n := a.mrs.Load(); n > 0 {
 		return fmt.Errorf("shm: free memory at %#x: %d memory regions still registered over it: %w", base, n, unix.EBUSY)
 	}
-	allocs.sorted = slices.Delete(allocs.sorted, i, i+1)
+	a.arena.disown(a)
 	if a.quarantined.Load() {
 		a.arena.punch(a.off, len(a.mem)) // its pages, never its run
 		return nil
@@ -324,14 +386,15 @@ func freeMemory(mem []byte) error {
 func acquireAlloc(p uintptr, n int) *allocation {
 	allocs.RLock()
 	defer allocs.RUnlock()
-	i, found := slices.BinarySearchFunc(allocs.sorted, p, cmpBase)
-	if !found {
-		i--
-	}
-	if i < 0 || i >= len(allocs.sorted) {
+	ar := arenaAt(p)
+	if ar == nil {
 		return nil
 	}
-	if a := allocs.sorted[i]; a.contains(p, n) {
+	a := ar.ownerAt(p)
+	if a == nil && n == 0 && p > ar.base {
+		a = ar.ownerAt(p - 1) // an empty region just past a run's end
+	}
+	if a != nil && a.contains(p, n) {
 		a.mrs.Add(1)
 		return a
 	}
