@@ -314,13 +314,14 @@ func (c *Conn) run() {
 // establish finishes a dial that returned once its request was sent
 // (dialRDMA): the listener's answer, then what start does. Until then the
 // Conn's calls wait (awaitOpenLocked; Read for data anyway); a failure
-// comes with them, as a reset TCP connection's does. forget, if not nil,
-// runs on a failure.
-func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, forget func()) {
+// comes with them, as a reset TCP connection's does. The answer, or its
+// absence, leaves the gate; forget, if not nil, runs on a failure.
+func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, gate *earlyGate, forget func()) {
 	defer c.wg.Done()
 	ctx, cancel := context.WithTimeout(ctx, c.o.upgradeTimeout)
 	defer cancel()
 	err := qp.Established(ctx)
+	gate.leave()
 	var peer hello
 	if err == nil {
 		peer, err = decodeHello(qp.PeerPrivate())

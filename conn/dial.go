@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -56,16 +57,16 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 
 func dialWith(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
 	if o.noTCP {
-		return dialRDMA(ctx, addr, o, name, false, nil)
+		return dialRDMA(ctx, addr, o, name, nil, nil)
 	}
 	return dialNegotiated(ctx, addr, o, name)
 }
 
-// dialRDMA sets up an RDMA connection with the listener at addr. early:
-// return once the request is sent, where the provider can, instead of
-// after the listener's answer (establish); forget, if not nil, runs when
-// such a connection then fails.
-func dialRDMA(ctx context.Context, addr string, o *options, name string, early bool, forget func()) (net.Conn, error) {
+// dialRDMA sets up an RDMA connection with the listener at addr. early,
+// if not nil: return once the request is sent, where the provider can and
+// the gate lets it, instead of after the listener's answer (establish);
+// forget, if not nil, runs when such a connection then fails.
+func dialRDMA(ctx context.Context, addr string, o *options, name string, early *earlyGate, forget func()) (net.Conn, error) {
 	dev, err := openDevice(name)
 	if err != nil {
 		return nil, err
@@ -79,9 +80,10 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early b
 	if err != nil {
 		return nil, err
 	}
-	if ec, ok := dev.(transport.EarlyConnector); ok && early {
+	if ec, ok := dev.(transport.EarlyConnector); ok && early != nil && early.enter() {
 		qp, err := ec.ConnectEarly(ctx, addr, cfg, c.hello().encode())
 		if err != nil {
+			early.leave()
 			c.tel.Fail(err)
 			c.release()
 			return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
@@ -89,7 +91,7 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early b
 		c.qp = qp
 		c.track() // RPCs may start before it opens (rpcstats.go)
 		c.wg.Add(1)
-		go c.establish(context.WithoutCancel(ctx), qp, forget)
+		go c.establish(context.WithoutCancel(ctx), qp, early, forget)
 		return c, nil
 	}
 	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
@@ -243,6 +245,7 @@ func (l *Listener) acceptLoop() {
 			// Full: refuse now, so the dialer learns it at once rather
 			// than at its time-out, and nothing is set up for it.
 			req.Reject(backlogFullMagic)
+			l.refused(req, errBacklogFull)
 			continue
 		}
 		l.wg.Add(1)
@@ -263,6 +266,7 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 	peer, err := decodeHello(req.PeerPrivate())
 	if err != nil {
 		req.Reject(nil)
+		l.refused(req, err)
 		return
 	}
 	dev := l.dev
@@ -272,18 +276,21 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 	c, cfg, err := newConn(context.Background(), telemetry.Server, l.name, dev, l.o)
 	if err != nil {
 		req.Reject(nil)
+		l.refused(req, err)
 		return
 	}
 	qp, err := req.Accept(l.ctx, cfg, c.hello().encode())
 	if err != nil {
 		c.tel.Fail(err)
 		c.release()
+		l.refused(req, err)
 		return
 	}
 	c.qp = qp
 	if err := c.start(qp, peer); err != nil {
 		c.tel.Fail(err)
 		c.release()
+		l.refused(req, err)
 		return
 	}
 	select {
@@ -291,6 +298,15 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 		taken = true
 	case <-l.ctx.Done():
 		c.Close()
+	}
+}
+
+// refused logs, at debug level, a connection request the listener did not
+// set up: its dialer learns why from its own error, the server's
+// operator only from here.
+func (l *Listener) refused(req transport.ConnRequest, err error) {
+	if lg := l.o.log(); lg.Enabled(context.Background(), slog.LevelDebug) {
+		lg.Debug("rdmagrpc: connection request not accepted", "listener", l.Addr().String(), "from", req.RemoteAddr().String(), "err", err)
 	}
 }
 

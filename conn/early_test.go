@@ -140,3 +140,73 @@ func makeKnown(ctx context.Context, l *Listener, opts []Option) error {
 	defer c.Close()
 	return c.(*Conn).Handshake(ctx)
 }
+
+// A client dialing in a loop cannot run ahead of a listener by more than
+// maxEarly unanswered requests: the next dial waits for its answer, as a
+// TCP connect blocks once the listener's queue is full, and returns early
+// again once answers came. Here the listener is the provider's own and
+// answers only when the test says.
+func TestEarlyDialsBounded(t *testing.T) {
+	dev, err := openDevice("shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	addr := tl.Addr().String()
+	rememberServer(addr, "shm", addr)
+	defer forgetServer(addr, "shm")
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range maxEarly {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		c, err := Dial(ctx, addr, WithProvider("shm"))
+		cancel()
+		if err != nil {
+			t.Fatalf("dial %d of the first %d: %v", i+1, maxEarly, err)
+		}
+		conns = append(conns, c)
+	}
+	ks, ok := lookupServer(addr, "shm")
+	if !ok || ks.early.n.Load() != maxEarly {
+		t.Fatalf("the server's gate: %v known, want %d in it", ok, maxEarly)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	c, err := Dial(ctx, addr, WithProvider("shm"))
+	cancel()
+	if err == nil {
+		conns = append(conns, c)
+		t.Fatalf("dial %d returned before its answer, with %d unanswered", maxEarly+1, maxEarly)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial %d: %v, want its context's end while it waits for the answer", maxEarly+1, err)
+	}
+	// One of the waiting dials is closed: it leaves the gate.
+	conns[0].Close()
+	for deadline := time.Now().Add(5 * time.Second); ks.early.n.Load() >= maxEarly; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed dial never left the gate")
+		}
+	}
+	// The dial that timed out forgot the server, as any failed direct
+	// dial does; known again, it is dialed early again.
+	rememberServer(addr, "shm", addr)
+	ctx, cancel = context.WithTimeout(t.Context(), 5*time.Second)
+	c, err = Dial(ctx, addr, WithProvider("shm"))
+	cancel()
+	if err != nil {
+		t.Fatalf("dial after an answer: %v", err)
+	}
+	conns = append(conns, c)
+	if _, ok := c.(*Conn).qp.(transport.EarlyQP); !ok {
+		t.Fatalf("the dial after an answer waited for its own: its QP is a %T", c.(*Conn).qp)
+	}
+}
