@@ -69,6 +69,7 @@ const (
 	afterEnv = "RDMABENCH_IDLE_AFTER"  // rdmagrpc's WithIdleShrink there
 	provEnv  = "RDMAGRPC_PROVIDER"     // conn's own variable
 	reportOp = "report"
+	heldOp   = "held" // how many are held, at once: no GC first, as report does
 )
 
 // ServeIdleIfChild serves, and exits, when the process was started as one
@@ -97,7 +98,8 @@ func ServeIdleIfChild() {
 
 // serveIdle listens, prints its address, accepts connections and holds
 // them, answers each "report" line on in with "held rss registered
-// goroutines parks lasterror", and returns when in is closed.
+// goroutines parks lasterror" and each "held" line with the count alone,
+// and returns when in is closed.
 func serveIdle(name string, in io.Reader, out io.Writer) error {
 	var t network
 	var opts []conn.Option
@@ -116,6 +118,15 @@ func serveIdle(name string, in io.Reader, out io.Writer) error {
 	if t.listen == nil {
 		return fmt.Errorf("unknown transport %q", name)
 	}
+	kind := "idle."
+	if os.Getenv(grpcEnv) != "" {
+		kind = "idle-grpc."
+	}
+	stop, err := profileChild(kind + name)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	l, err := t.listen(context.Background())
 	if err != nil {
 		return err
@@ -155,6 +166,13 @@ func serveIdle(name string, in io.Reader, out io.Writer) error {
 	fmt.Fprintln(out, l.Addr().String())
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
+		if sc.Text() == heldOp {
+			mu.Lock()
+			n := len(held)
+			mu.Unlock()
+			fmt.Fprintln(out, n)
+			continue
+		}
 		if sc.Text() != reportOp {
 			continue
 		}
@@ -301,6 +319,23 @@ func (c *child) report() (childReport, error) {
 	return r, nil
 }
 
+// held asks how many connections the child holds, without the GC that a
+// report runs first: the set-up's wait for the child's accepts polls it.
+func (c *child) held() (int, error) {
+	if _, err := fmt.Fprintln(c.in, heldOp); err != nil {
+		return 0, err
+	}
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("idle server: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		return 0, fmt.Errorf("idle server said %q", line)
+	}
+	return n, nil
+}
+
 func (c *child) stop() {
 	c.in.Close()
 	if c.cmd != nil { // a remote one has exited once Close returns
@@ -363,17 +398,22 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool, aft
 		}
 	}
 	// Every dialed connection's other end must be accepted.
-	var set childReport
-	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if set, err = ch.report(); err != nil {
+	for wait := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		n, err := ch.held()
+		if err != nil {
 			res.Err = err
 			return res
 		}
-		if set.held >= len(dialed) || time.Now().After(wait) {
+		if n >= len(dialed) || time.Now().After(wait) {
 			break
 		}
 	}
 	res.Setup = time.Since(start)
+	set, err := ch.report()
+	if err != nil {
+		res.Err = err
+		return res
+	}
 	res.DialP50, res.Steps = dialSteps(took, dialed)
 	rss1, g1 := settledRSS(), settledGoroutines()
 	res.Held = min(len(dialed), set.held)

@@ -56,17 +56,11 @@ func serveTwoProc(name string, in io.Reader, out io.Writer) error {
 	if !ok {
 		return fmt.Errorf("unknown transport %q", name)
 	}
-	if prefix := os.Getenv(ServerProfileEnv); prefix != "" {
-		f, err := os.Create(prefix + "." + strings.ReplaceAll(name, " ", "_"))
-		if err != nil {
-			return fmt.Errorf("server profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("server profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := profileChild(name)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	ctx := context.Background()
 	gl, err := t.listen(ctx)
 	if err != nil {
@@ -533,4 +527,22 @@ func (r *Report) twoProcGoals() []Goal {
 		gs = append(gs, Goal{"CPU per RPC, client + server, ≤ TCP", strings.Join(got, ", "), met})
 	}
 	return gs
+}
+
+// profileChild starts a CPU profile of a child serving name when
+// ServerProfileEnv asks for one, and returns what stops it.
+func profileChild(name string) (stop func(), err error) {
+	prefix := os.Getenv(ServerProfileEnv)
+	if prefix == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(prefix + "." + strings.ReplaceAll(name, " ", "_"))
+	if err != nil {
+		return nil, fmt.Errorf("server profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("server profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
