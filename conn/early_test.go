@@ -21,18 +21,8 @@ import (
 // listener is the provider's own, answering only when the test says.
 func TestKnownServerDialReturnsBeforeTheAnswer(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	dev, err := openDevice("shm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tl, err := dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
-	addr := tl.Addr().String()
-	rememberServer(addr, "shm", addr)
-	defer forgetServer(addr, "shm")
+	tl, addr := knownProviderListener(t)
+	defer tl.Close() // before the leak check, which runs ahead of cleanups
 
 	start := time.Now()
 	nc, err := Dial(t.Context(), addr, WithProvider("shm"))
@@ -143,22 +133,11 @@ func makeKnown(ctx context.Context, l *Listener, opts []Option) error {
 
 // A client dialing in a loop cannot run ahead of a listener by more than
 // maxEarly unanswered requests: the next dial waits for its answer, as a
-// TCP connect blocks once the listener's queue is full, and returns early
-// again once answers came. Here the listener is the provider's own and
-// answers only when the test says.
+// TCP connect blocks once the listener's queue is full; a dial closed
+// while it waits leaves the count. Here the listener is the provider's
+// own and answers only when the test says.
 func TestEarlyDialsBounded(t *testing.T) {
-	dev, err := openDevice("shm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tl, err := dev.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
-	addr := tl.Addr().String()
-	rememberServer(addr, "shm", addr)
-	defer forgetServer(addr, "shm")
+	_, addr := knownProviderListener(t)
 
 	var conns []net.Conn
 	defer func() {
@@ -209,4 +188,24 @@ func TestEarlyDialsBounded(t *testing.T) {
 	if _, ok := c.(*Conn).qp.(transport.EarlyQP); !ok {
 		t.Fatalf("the dial after an answer waited for its own: its QP is a %T", c.(*Conn).qp)
 	}
+}
+
+// knownProviderListener is an shm provider's own listener, which answers
+// nothing unless the test does, known to dials as an RDMA listener (they
+// go to it directly); its address.
+func knownProviderListener(t *testing.T) (transport.Listener, string) {
+	t.Helper()
+	dev, err := openDevice("shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := dev.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tl.Close() })
+	addr := tl.Addr().String()
+	rememberServer(addr, "shm", addr)
+	t.Cleanup(func() { forgetServer(addr, "shm") })
+	return tl, addr
 }
