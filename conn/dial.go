@@ -124,6 +124,9 @@ func rejected(err error) error {
 		case bytes.HasPrefix(rej.Private, shm.PeerRefusedMagic):
 			why := bytes.TrimRight(rej.Private[len(shm.PeerRefusedMagic):], "\x00")
 			return fmt.Errorf("%w (%s): %w", ErrPeerRefused, why, err)
+		case bytes.HasPrefix(rej.Private, shm.ListenerFailedMagic):
+			why := bytes.TrimRight(rej.Private[len(shm.ListenerFailedMagic):], "\x00")
+			return fmt.Errorf("conn: the listener could not take the connection (%s): %w", why, err)
 		}
 	}
 	return err

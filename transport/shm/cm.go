@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/logx"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -239,6 +240,18 @@ func (l *listener) handshake(c *net.UnixConn) {
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
 	b, fds, err := readMsg(c, buf, oob)
+	if errors.Is(err, errRightsCut) {
+		// Out of descriptors, most likely: say so to both sides rather
+		// than close the socket, which the dialer would read as a bare
+		// end of file.
+		logx.L().Warn("rdmagrpc shm: refusing a connection request", "listener", l.addr.String(), "err", err)
+		l.mu.Lock()
+		delete(l.pending, c)
+		l.mu.Unlock()
+		handedOver = true
+		(&connReq{l: l, conn: c}).Reject(listenerFailure(err))
+		return
+	}
 	if err != nil || b[0] != msgConnect {
 		closeFDs(fds)
 		c.Close()
@@ -334,8 +347,17 @@ func (l *listener) checkPeer(cred *unix.Ucred) error {
 // listener's check refused; the reason follows, cut to what fits.
 var PeerRefusedMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'p', 'e', 'e', 'r', ':'}
 
-func peerRefusal(err error) []byte {
-	b := append(slices.Clone(PeerRefusedMagic), err.Error()...)
+func peerRefusal(err error) []byte { return withReason(PeerRefusedMagic, err) }
+
+// ListenerFailedMagic starts the private data of a reject for a request
+// the listener could not take (it ran out of descriptors); the reason
+// follows, cut to what fits.
+var ListenerFailedMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'f', 'a', 'i', 'l', ':'}
+
+func listenerFailure(err error) []byte { return withReason(ListenerFailedMagic, err) }
+
+func withReason(magic []byte, err error) []byte {
+	b := append(slices.Clone(magic), err.Error()...)
 	return b[:min(len(b), maxPrivate)]
 }
 

@@ -5,8 +5,11 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -393,5 +396,43 @@ func TestPeerMappingSweep(t *testing.T) {
 	q.sendMu.Unlock()
 	if n > sweepAt+1 {
 		t.Fatalf("%d peer mappings cached after the peer freed them", n)
+	}
+}
+
+// A connect request whose descriptors the kernel cut off (the listener's
+// process out of descriptors, or more of them than a request carries) is
+// refused with a reason, not answered by a bare close that the dialer
+// would read as an end of file.
+func TestConnectRequestWithDescriptorsCutRefused(t *testing.T) {
+	_, _, l := listenSides(t, 8, 8)
+	defer l.Close()
+	a := l.Addr().(*Addr)
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sockName(a.IP, a.Port), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var fds []int
+	for range 8 { // the listener's buffer holds a request's 3 and a little more
+		fd, err := unix.Dup(int(os.Stdin.Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fds = append(fds, fd)
+	}
+	defer closeFDs(fds)
+	if err := writeMsg(c, []byte{msgConnect}, fds...); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _, err := readMsg(c, make([]byte, maxMsg), nil)
+	if err != nil {
+		t.Fatalf("no answer to a request whose descriptors were cut: %v", err)
+	}
+	if b[0] != msgReject || len(b) < 2 || !bytes.HasPrefix(b[2:], ListenerFailedMagic) {
+		t.Fatalf("answer %q, want a reject that says the listener failed", b)
+	}
+	if !bytes.Contains(b, []byte("descriptors")) {
+		t.Errorf("the reject does not say why: %q", b)
 	}
 }

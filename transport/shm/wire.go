@@ -31,6 +31,13 @@ const (
 
 var errShortMsg = errors.New("shm: short or malformed control message")
 
+// errRightsCut: the kernel delivered a message without all of its
+// descriptors (MSG_CTRUNC). The receiving process is out of descriptors
+// (RLIMIT_NOFILE; each connection request waiting to be set up holds its
+// socket and the three memfds that came with it), or the sender passed
+// more than the message may carry.
+var errRightsCut = errors.New("shm: a control message's descriptors were cut off: this process is out of file descriptors (RLIMIT_NOFILE), or the peer sent more than the message carries")
+
 // qpInfo is what each side tells the other about its QP at set-up.
 type qpInfo struct {
 	num, pd          uint32
@@ -91,13 +98,16 @@ func decodeInfo(b []byte) (qpInfo, error) {
 
 // readMsg reads one message and the fds that came with it.
 func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	var fds []int
 	if oobn > 0 {
 		fds = parseRights(oob[:oobn])
 	}
 	if err == nil && n == 0 {
 		err = io.EOF
+	}
+	if err == nil && flags&unix.MSG_CTRUNC != 0 {
+		err = errRightsCut
 	}
 	if err != nil {
 		closeFDs(fds)
