@@ -239,17 +239,22 @@ func (l *listener) handshake(c *net.UnixConn) {
 	l.mu.Unlock()
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
+	// refuse answers with a reject that carries private (no descriptor
+	// of ours is handed over).
+	refuse := func(private []byte) {
+		l.mu.Lock()
+		delete(l.pending, c)
+		l.mu.Unlock()
+		handedOver = true
+		(&connReq{l: l, conn: c}).Reject(private)
+	}
 	b, fds, err := readMsg(c, buf, oob)
 	if errors.Is(err, errRightsCut) {
 		// Out of descriptors, most likely: say so to both sides rather
 		// than close the socket, which the dialer would read as a bare
 		// end of file.
 		logx.L().Warn("rdmagrpc shm: refusing a connection request", "listener", l.addr.String(), "err", err)
-		l.mu.Lock()
-		delete(l.pending, c)
-		l.mu.Unlock()
-		handedOver = true
-		(&connReq{l: l, conn: c}).Reject(listenerFailure(err))
+		refuse(listenerFailure(err))
 		return
 	}
 	if err != nil || b[0] != msgConnect {
@@ -270,14 +275,8 @@ func (l *listener) handshake(c *net.UnixConn) {
 		err = fmt.Errorf("cannot tell who the peer is: %w", err)
 	}
 	if err != nil {
-		// Refused before anything of ours is handed over: the reject
-		// carries the reason, no descriptor.
 		closeFDs(fds)
-		l.mu.Lock()
-		delete(l.pending, c)
-		l.mu.Unlock()
-		handedOver = true
-		(&connReq{l: l, conn: c}).Reject(peerRefusal(err))
+		refuse(peerRefusal(err))
 		return
 	}
 	// From here the socket may become a live QP's: Close must no longer
@@ -394,17 +393,19 @@ func (r *connReq) RemoteAddr() net.Addr {
 	return &Addr{IP: r.info.addr.Addr(), Port: int(r.info.addr.Port())}
 }
 
+// rejectMsg is a reject carrying private, cut to what fits.
+func rejectMsg(private []byte) []byte {
+	private = private[:min(len(private), maxPrivate)]
+	return append([]byte{msgReject, byte(len(private))}, private...)
+}
+
 func (r *connReq) Reject(private []byte) error {
 	if r.used.Swap(true) {
 		return errors.New("shm: connection request already answered")
 	}
 	defer r.conn.Close()
 	closeFDs(r.fds)
-	if len(private) > maxPrivate {
-		private = private[:maxPrivate]
-	}
-	b := append([]byte{msgReject, byte(len(private))}, private...)
-	if err := writeMsg(r.conn, b); err != nil {
+	if err := writeMsg(r.conn, rejectMsg(private)); err != nil {
 		return fmt.Errorf("shm: reject: %w", err)
 	}
 	return nil
@@ -425,9 +426,14 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	if p, ok := cfg.PD.(*pd); ok && p != nil && p.dev.parent == r.l.dev {
 		d = p.dev
 	}
+	// Until our answer is sent, a failure is told to the dialer as a
+	// reject with its reason (out of descriptors, most often), not a bare
+	// close that it reads as an end of file.
+	refuse := func(err error) { writeMsg(r.conn, rejectMsg(listenerFailure(err))) }
 	q, err := d.newQP(cfg)
 	if err != nil {
 		closeFDs(r.fds)
+		refuse(err)
 		r.conn.Close()
 		return nil, err
 	}
@@ -438,6 +444,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	}
 	p, err := newPeer(r.info, r.fds, int(r.cred.Pid) == os.Getpid())
 	if err != nil {
+		refuse(err)
 		return fail(err)
 	}
 	d.keepCtl(p)
@@ -453,6 +460,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	info := q.info(local, private)
 	fds, err := q.shareFDs(info)
 	if err != nil {
+		refuse(err)
 		return fail(err)
 	}
 	err = writeMsg(r.conn, info.encode(msgAccept), fds...)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -406,33 +407,66 @@ func TestPeerMappingSweep(t *testing.T) {
 func TestConnectRequestWithDescriptorsCutRefused(t *testing.T) {
 	_, _, l := listenSides(t, 8, 8)
 	defer l.Close()
+	c := rawConnect(t, l, []byte{msgConnect}, 8) // the listener's buffer holds a request's 3 and a little more
+	wantListenerFailed(t, c, "descriptors")
+}
+
+// So is a request the listener cannot set up once Accept takes it: here
+// its descriptors are not memfds.
+func TestConnectRequestAcceptFailureRefused(t *testing.T) {
+	_, srv, l := listenSides(t, 8, 8)
+	defer l.Close()
+	info := qpInfo{num: 1, recvCap: 4, recvSGE: 1, cqCap: 8, addr: netip.MustParseAddrPort("127.0.0.1:1"), private: []byte("hello")}
+	c := rawConnect(t, l, info.encode(msgConnect), infoFDs)
+	r, err := l.Accept(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if qp, err := r.Accept(t.Context(), srv.cfg(), nil); err == nil {
+		qp.Close()
+		t.Fatal("accepted a request whose descriptors are not memfds")
+	}
+	wantListenerFailed(t, c, "map peer memory") // a reject carries 56 bytes: the reason is cut
+}
+
+// rawConnect sends msg to l with n descriptors (of standard input) over a
+// socket of its own.
+func rawConnect(t *testing.T, l transport.Listener, msg []byte, n int) *net.UnixConn {
+	t.Helper()
 	a := l.Addr().(*Addr)
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sockName(a.IP, a.Port), Net: "unixpacket"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	var fds []int
-	for range 8 { // the listener's buffer holds a request's 3 and a little more
+	defer func() { closeFDs(fds) }()
+	for range n {
 		fd, err := unix.Dup(int(os.Stdin.Fd()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		fds = append(fds, fd)
 	}
-	defer closeFDs(fds)
-	if err := writeMsg(c, []byte{msgConnect}, fds...); err != nil {
+	if err := writeMsg(c, msg, fds...); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// wantListenerFailed reads the listener's answer on c: a reject saying it
+// could not take the connection, and why.
+func wantListenerFailed(t *testing.T, c *net.UnixConn, why string) {
+	t.Helper()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	b, _, err := readMsg(c, make([]byte, maxMsg), nil)
 	if err != nil {
-		t.Fatalf("no answer to a request whose descriptors were cut: %v", err)
+		t.Fatalf("no answer: %v", err)
 	}
 	if b[0] != msgReject || len(b) < 2 || !bytes.HasPrefix(b[2:], ListenerFailedMagic) {
 		t.Fatalf("answer %q, want a reject that says the listener failed", b)
 	}
-	if !bytes.Contains(b, []byte("descriptors")) {
-		t.Errorf("the reject does not say why: %q", b)
+	if !bytes.Contains(b, []byte(why)) {
+		t.Errorf("the reject does not say %q: %q", why, b)
 	}
 }
