@@ -194,6 +194,7 @@ type listener struct {
 	mu        sync.Mutex
 	pending   map[*net.UnixConn]bool // connections still in handshake
 	peerCheck func(pid, uid, gid int) error
+	lastWarn  atomic.Int64 // unix nanoseconds of the last warning logged
 }
 
 func (l *listener) Addr() net.Addr { return l.addr }
@@ -249,34 +250,38 @@ func (l *listener) handshake(c *net.UnixConn) {
 		(&connReq{l: l, conn: c}).Reject(private)
 	}
 	b, fds, err := readMsg(c, buf, oob)
-	if errors.Is(err, errRightsCut) {
-		// Out of descriptors, most likely: say so to both sides rather
-		// than close the socket, which the dialer would read as a bare
-		// end of file.
-		logx.L().Warn("rdmagrpc shm: refusing a connection request", "listener", l.addr.String(), "err", err)
-		refuse(listenerFailure(err))
-		return
-	}
-	if err != nil || b[0] != msgConnect {
+	cut := errors.Is(err, errRightsCut)
+	if (err != nil && !cut) || (err == nil && b[0] != msgConnect) {
 		closeFDs(fds)
 		c.Close()
+		return
+	}
+	// Who asks first: a peer the listener does not admit learns nothing
+	// more than that, and costs no warning in the log.
+	cred, perr := peerCred(c)
+	if perr == nil {
+		perr = l.checkPeer(cred)
+	} else {
+		perr = fmt.Errorf("cannot tell who the peer is: %w", perr)
+	}
+	if perr != nil {
+		closeFDs(fds)
+		refuse(peerRefusal(perr))
+		return
+	}
+	if cut {
+		// Out of descriptors: say so to both sides rather than close the
+		// socket, which the dialer would read as a bare end of file.
+		if l.warnNow() {
+			logx.L().Warn("rdmagrpc shm: refusing connection requests (at most one such line a second)", "listener", l.addr.String(), "err", err)
+		}
+		refuse(listenerFailure(err))
 		return
 	}
 	info, err := decodeInfo(b)
 	if err != nil || len(fds) != infoFDs {
 		closeFDs(fds)
 		c.Close()
-		return
-	}
-	cred, err := peerCred(c)
-	if err == nil {
-		err = l.checkPeer(cred)
-	} else {
-		err = fmt.Errorf("cannot tell who the peer is: %w", err)
-	}
-	if err != nil {
-		closeFDs(fds)
-		refuse(peerRefusal(err))
 		return
 	}
 	// From here the socket may become a live QP's: Close must no longer
@@ -318,6 +323,14 @@ func (l *listener) Close() error {
 		l.wg.Wait()
 	})
 	return nil
+}
+
+// warnNow reports whether a warning may be logged now: at most one a
+// second, however many requests a listener out of descriptors refuses.
+func (l *listener) warnNow() bool {
+	now := time.Now().UnixNano()
+	last := l.lastWarn.Load()
+	return now-last >= int64(time.Second) && l.lastWarn.CompareAndSwap(last, now)
 }
 
 // SetPeerCheck implements transport.PeerChecker.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -400,24 +401,78 @@ func TestPeerMappingSweep(t *testing.T) {
 	}
 }
 
-// A connect request whose descriptors the kernel cut off (the listener's
-// process out of descriptors, or more of them than a request carries) is
-// refused with a reason, not answered by a bare close that the dialer
-// would read as an end of file.
-func TestConnectRequestWithDescriptorsCutRefused(t *testing.T) {
+// A connect request whose descriptors the kernel cut off because the
+// listener's process is out of them is refused with a reason, not
+// answered by a bare close that the dialer would read as an end of file.
+// Here the descriptor limit is lowered to the lowest free number while
+// the request is read, so that not one of its three can be installed.
+func TestConnectRequestOutOfDescriptorsRefused(t *testing.T) {
 	_, _, l := listenSides(t, 8, 8)
 	defer l.Close()
-	c := rawConnect(t, l, []byte{msgConnect}, 8) // the listener's buffer holds a request's 3 and a little more
-	wantListenerFailed(t, c, "descriptors")
+	c, fds := rawSocket(t, l, infoFDs)
+	sl := l.(*listener)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		sl.mu.Lock()
+		n := len(sl.pending)
+		sl.mu.Unlock()
+		if n == 1 {
+			break // accepted, its request not read yet
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the listener never took the socket")
+		}
+	}
+	var saved unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(free)
+	low := saved
+	low.Cur = uint64(free)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower the descriptor limit: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	werr := writeMsg(c, []byte{msgConnect}, fds...)
+	b, _, rerr := readMsg(c, make([]byte, maxMsg), nil)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	if werr != nil || rerr != nil {
+		t.Fatalf("request: %v; answer: %v", werr, rerr)
+	}
+	wantListenerFailed(t, b, "out of file descriptors")
 }
 
-// So is a request the listener cannot set up once Accept takes it: here
-// its descriptors are not memfds.
+// A request with more descriptors than a request carries is malformed,
+// closed without an answer, as any other.
+func TestConnectRequestTooManyDescriptorsClosed(t *testing.T) {
+	_, _, l := listenSides(t, 8, 8)
+	defer l.Close()
+	c, fds := rawSocket(t, l, 8) // the listener's buffer holds a request's 3 and a little more
+	if err := writeMsg(c, []byte{msgConnect}, fds...); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, _, err := readMsg(c, make([]byte, maxMsg), nil); !errors.Is(err, io.EOF) {
+		t.Fatalf("answer %q, %v; want the socket closed", b, err)
+	}
+}
+
+// A request the listener cannot set up once Accept takes it is refused
+// with a reason too: here its descriptors are not memfds.
 func TestConnectRequestAcceptFailureRefused(t *testing.T) {
 	_, srv, l := listenSides(t, 8, 8)
 	defer l.Close()
 	info := qpInfo{num: 1, recvCap: 4, recvSGE: 1, cqCap: 8, addr: netip.MustParseAddrPort("127.0.0.1:1"), private: []byte("hello")}
-	c := rawConnect(t, l, info.encode(msgConnect), infoFDs)
+	c, fds := rawSocket(t, l, infoFDs)
+	if err := writeMsg(c, info.encode(msgConnect), fds...); err != nil {
+		t.Fatal(err)
+	}
 	r, err := l.Accept(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -426,12 +481,17 @@ func TestConnectRequestAcceptFailureRefused(t *testing.T) {
 		qp.Close()
 		t.Fatal("accepted a request whose descriptors are not memfds")
 	}
-	wantListenerFailed(t, c, "map peer memory") // a reject carries 56 bytes: the reason is cut
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _, err := readMsg(c, make([]byte, maxMsg), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	wantListenerFailed(t, b, "map peer memory") // a reject carries 56 bytes: the reason is cut
 }
 
-// rawConnect sends msg to l with n descriptors (of standard input) over a
-// socket of its own.
-func rawConnect(t *testing.T, l transport.Listener, msg []byte, n int) *net.UnixConn {
+// rawSocket connects to l over a socket of its own and returns it with n
+// descriptors (of standard input) to send, closed at the test's end.
+func rawSocket(t *testing.T, l transport.Listener, n int) (*net.UnixConn, []int) {
 	t.Helper()
 	a := l.Addr().(*Addr)
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: sockName(a.IP, a.Port), Net: "unixpacket"})
@@ -440,7 +500,7 @@ func rawConnect(t *testing.T, l transport.Listener, msg []byte, n int) *net.Unix
 	}
 	t.Cleanup(func() { c.Close() })
 	var fds []int
-	defer func() { closeFDs(fds) }()
+	t.Cleanup(func() { closeFDs(fds) })
 	for range n {
 		fd, err := unix.Dup(int(os.Stdin.Fd()))
 		if err != nil {
@@ -448,22 +508,14 @@ func rawConnect(t *testing.T, l transport.Listener, msg []byte, n int) *net.Unix
 		}
 		fds = append(fds, fd)
 	}
-	if err := writeMsg(c, msg, fds...); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return c, fds
 }
 
-// wantListenerFailed reads the listener's answer on c: a reject saying it
+// wantListenerFailed checks the listener's answer b: a reject saying it
 // could not take the connection, and why.
-func wantListenerFailed(t *testing.T, c *net.UnixConn, why string) {
+func wantListenerFailed(t *testing.T, b []byte, why string) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, _, err := readMsg(c, make([]byte, maxMsg), nil)
-	if err != nil {
-		t.Fatalf("no answer: %v", err)
-	}
-	if b[0] != msgReject || len(b) < 2 || !bytes.HasPrefix(b[2:], ListenerFailedMagic) {
+	if len(b) < 2 || b[0] != msgReject || !bytes.HasPrefix(b[2:], ListenerFailedMagic) {
 		t.Fatalf("answer %q, want a reject that says the listener failed", b)
 	}
 	if !bytes.Contains(b, []byte(why)) {

@@ -32,11 +32,15 @@ const (
 var errShortMsg = errors.New("shm: short or malformed control message")
 
 // errRightsCut: the kernel delivered a message without all of its
-// descriptors (MSG_CTRUNC). The receiving process is out of descriptors
-// (RLIMIT_NOFILE; each connection request waiting to be set up holds its
-// socket and the three memfds that came with it), or the sender passed
-// more than the message may carry.
-var errRightsCut = errors.New("shm: a control message's descriptors were cut off: this process is out of file descriptors (RLIMIT_NOFILE), or the peer sent more than the message carries")
+// descriptors (MSG_CTRUNC) and with fewer than the buffer holds: the
+// receiving process is out of descriptors (RLIMIT_NOFILE; each connection
+// request waiting to be set up holds its socket and the three memfds that
+// came with it). errTooManyRights: the buffer filled, so the sender
+// passed more than a message carries.
+var (
+	errRightsCut     = errors.New("shm: out of file descriptors (RLIMIT_NOFILE): a control message's descriptors were cut off")
+	errTooManyRights = errors.New("shm: the peer passed more descriptors than a control message carries")
+)
 
 // qpInfo is what each side tells the other about its QP at set-up.
 type qpInfo struct {
@@ -108,6 +112,9 @@ func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
 	}
 	if err == nil && flags&unix.MSG_CTRUNC != 0 {
 		err = errRightsCut
+		if len(fds) >= (len(oob)-unix.CmsgSpace(0))/4 {
+			err = errTooManyRights
+		}
 	}
 	if err != nil {
 		closeFDs(fds)
