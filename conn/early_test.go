@@ -3,8 +3,10 @@ package conn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 // A dial to a server known to offer RDMA returns once its request is in
@@ -176,8 +179,12 @@ func TestEarlyDialsBounded(t *testing.T) {
 		}
 	}
 	// The dial that timed out forgot the server, as any failed direct
-	// dial does; known again, it is dialed early again.
+	// dial does; known again, it is dialed early again, and its dials
+	// still in flight count as before.
 	rememberServer(addr, "shm", addr)
+	if again, _ := lookupServer(addr, "shm"); again != ks {
+		t.Fatal("known again, the server has a new count of dials in flight")
+	}
 	ctx, cancel = context.WithTimeout(t.Context(), 5*time.Second)
 	c, err = Dial(ctx, addr, WithProvider("shm"))
 	cancel()
@@ -208,4 +215,33 @@ func knownProviderListener(t *testing.T) (transport.Listener, string) {
 	rememberServer(addr, "shm", addr)
 	t.Cleanup(func() { forgetServer(addr, "shm") })
 	return tl, addr
+}
+
+// A refusal ends a dial, and is not gone round over TCP, except a
+// listener's that could not take the connection (out of descriptors): it
+// may still take it over TCP.
+func TestFinalRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		private []byte
+		final   bool
+	}{
+		{backlogFullMagic, true},
+		{append(slices.Clone(shm.PeerRefusedMagic), "uid 7"...), true},
+		{nil, true},
+		{append(slices.Clone(shm.ListenerFailedMagic), "out of descriptors"...), false},
+	} {
+		err := fmt.Errorf("dial: %w", &transport.RejectError{Private: tc.private})
+		if got := final(t.Context(), err); got != tc.final {
+			t.Errorf("reject %q: final %v, want %v", tc.private, got, tc.final)
+		}
+	}
+	if !final(canceled(t), errors.New("any")) {
+		t.Error("a dial whose context ended is not final")
+	}
+}
+
+func canceled(t *testing.T) context.Context {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	return ctx
 }

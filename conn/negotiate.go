@@ -40,6 +40,7 @@ package conn
 // dials RDMA directly.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -54,6 +55,7 @@ import (
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
+	"github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 const (
@@ -223,19 +225,25 @@ var knownServers = struct {
 }{m: map[[2]string]*knownServer{}}
 
 // knownServer is an RDMA listener dialed directly, and its dials that
-// returned before its answer.
+// returned before its answer. A failure forgets it (known false) but
+// keeps the entry, so that the count of its dials still in flight
+// carries over to the next negotiation's verdict: deleted, a new entry
+// started again at zero while the old dials still waited, and each
+// refusal of a full backlog let a client run maxEarly more ahead.
 type knownServer struct {
 	addr  string
+	known bool
 	early earlyGate
 }
 
 // earlyGate bounds a server's dials that returned before its answer
 // (dialRDMA's early path). Without a bound a client dialing in a loop ran
-// ahead of the listener by thousands of requests, its accept backlog
-// filled, and about one connection in ten of a loop of 10,000 was refused
-// after its dial had returned; a TCP client in the same loop blocks in
-// connect once the listener's queue is full. Beyond maxEarly a dial waits
-// for its answer, so one client process cannot fill a backlog of more.
+// thousands of requests ahead of the listener, and about one connection
+// in ten of a loop of 10,000 failed after its dial had returned (the
+// answer too late, the backlog full, the listener out of descriptors); a
+// TCP client in the same loop blocks in connect once the listener's
+// queue is full. Beyond maxEarly a dial waits for its answer, so one
+// client process cannot fill a backlog of more.
 type earlyGate struct{ n atomic.Int32 }
 
 const maxEarly = 64
@@ -277,25 +285,31 @@ func rememberServer(addr, provider, rdmaAddr string) {
 	defer knownServers.Unlock()
 	k := [2]string{addr, provider}
 	if s, ok := knownServers.m[k]; ok && s.addr == rdmaAddr {
-		return // its gate counts dials in flight
+		s.known = true // its gate counts dials in flight
+		return
 	}
 	if len(knownServers.m) >= 4096 {
 		clear(knownServers.m)
 	}
-	knownServers.m[k] = &knownServer{addr: rdmaAddr}
+	knownServers.m[k] = &knownServer{addr: rdmaAddr, known: true}
 }
 
 func lookupServer(addr, provider string) (*knownServer, bool) {
 	knownServers.Lock()
 	defer knownServers.Unlock()
 	s, ok := knownServers.m[[2]string{addr, provider}]
-	return s, ok
+	if !ok || !s.known {
+		return nil, false
+	}
+	return s, true
 }
 
 func forgetServer(addr, provider string) {
 	knownServers.Lock()
 	defer knownServers.Unlock()
-	delete(knownServers.m, [2]string{addr, provider})
+	if s, ok := knownServers.m[[2]string{addr, provider}]; ok {
+		s.known = false
+	}
 }
 
 // dialNegotiated is Dial's default path: TCP first, then RDMA if the
@@ -447,7 +461,12 @@ func upgrade(ctx context.Context, rdmaAddr string, o *options, name string, earl
 // refused), an answer not to be gone round over TCP.
 func final(ctx context.Context, err error) bool {
 	rej := (*transport.RejectError)(nil)
-	return ctx.Err() != nil || errors.As(err, &rej)
+	if ctx.Err() != nil {
+		return true
+	}
+	// A listener that could not take the connection (out of descriptors)
+	// may still take it over TCP, which costs it one.
+	return errors.As(err, &rej) && !bytes.HasPrefix(rej.Private, shm.ListenerFailedMagic)
 }
 
 // ctxErr prefers the context's error to the deadline it set on the socket.
