@@ -390,11 +390,7 @@ func acquireAlloc(p uintptr, n int) *allocation {
 	if ar == nil {
 		return nil
 	}
-	a := ar.ownerAt(p)
-	if a == nil && n == 0 && p > ar.base {
-		a = ar.ownerAt(p - 1) // an empty region just past a run's end
-	}
-	if a != nil && a.contains(p, n) {
+	if a := ar.ownerAt(p); a != nil && a.contains(p, n) {
 		a.mrs.Add(1)
 		return a
 	}
