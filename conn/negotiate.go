@@ -542,11 +542,14 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 		}
 		payload = net.JoinHostPort(host, port)
 	}
+	// Counted before the reply goes: the client may upgrade, dial again
+	// and look at the count before this goroutine runs again (tests
+	// failed on that under load, counting 0 negotiations).
+	l.negotiations.Add(1)
 	if _, err := tc.Write(encodeReply(verdict, payload)); err != nil {
 		tc.Close()
 		return
 	}
-	l.negotiations.Add(1)
 	if verdict == verdictTCP {
 		handOver(payload)
 		return
