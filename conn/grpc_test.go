@@ -20,6 +20,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	rinterop "github.com/rdmagrpc/rdmagrpc/interop"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 
@@ -102,7 +103,11 @@ func rpcs(t *testing.T, cc *grpc.ClientConn) {
 		{"PingPong", func() { interop.DoPingPong(ctx, tc) }},
 		{"EmptyStream", func() { interop.DoEmptyStream(ctx, tc) }},
 		{"TimeoutOnSleepingServer", func() { interop.DoTimeoutOnSleepingServer(ctx, tc) }},
-		{"CancelAfterBegin", func() { interop.DoCancelAfterBegin(ctx, tc) }},
+		{"CancelAfterBegin", func() {
+			if err := rinterop.CancelAfterBegin(ctx, tc); err != nil {
+				t.Error(err)
+			}
+		}},
 		{"CancelAfterFirstResponse", func() { interop.DoCancelAfterFirstResponse(ctx, tc) }},
 		{"CustomMetadata", func() { interop.DoCustomMetadata(ctx, tc) }},
 		{"StatusCodeAndMessage", func() { interop.DoStatusCodeAndMessage(ctx, tc) }},
