@@ -91,8 +91,8 @@ var Cases = []Case{
 // reads the answer; grpc-go ends a canceled stream in a goroutine of its
 // own and, until it has, hands out an answer already received before the
 // context's error. Over a transport as fast as shm the server's answer to
-// the close can arrive first, and the case failed with OK now and then
-// (once in CI, on a loaded 2-core VM). Here the client reads before it
+// the close can arrive first: the case ended with OK once in CI, on a
+// loaded 2-core VM. Here the client reads before it
 // closes: the server answers nothing before the close, so the read can
 // only end with the cancel, and the close and read after it must say the
 // same.
