@@ -147,6 +147,10 @@ func TestEarlyDialsBounded(t *testing.T) {
 		for _, c := range conns {
 			c.Close()
 		}
+		// Their 64 kits would serve the next tests' dials, which some
+		// count on to register.
+		waitLingering(t)
+		ReleaseKits()
 	}()
 	for i := range maxEarly {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)

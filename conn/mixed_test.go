@@ -170,18 +170,23 @@ func TestMixedProviderMismatch(t *testing.T) {
 // leaves both ends on the TCP connection they negotiated on.
 func TestMixedUpgradeFails(t *testing.T) {
 	waitLingering(t)
+	ReleaseKits() // so that the dial registers its rings, and the rule fails it
 	l, err := Listen(t.Context(), testAddr(), WithProvider(faults.Name()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl := capture{l, make(chan net.Conn, 16)}
 	serveHealth(t, cl)
-	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg, Limit: 1})
+	// Every registration fails while the rule is in: with a limit of one,
+	// a registration of anything else in the process (an earlier test's
+	// connection still at work) could take the failure meant for the dial
+	// (CI failed so once).
+	h := faults.MustAdd(fault.Rule{Op: fault.OpRegMR, Action: fault.ActFailReg})
 	defer h.Remove()
 	dial, got := recording(WithProvider(faults.Name()))
 	check(t, l.Addr().String(), dial)
-	if h.Fired() != 1 {
-		t.Fatalf("rule fired %d times", h.Fired())
+	if h.Fired() < 1 {
+		t.Fatal("the rule never fired")
 	}
 	wantProvider(t, "client", <-got, "tcp", "the RDMA upgrade failed")
 	wantProvider(t, "server side", (<-cl.got).(*Conn), "tcp", "the client could not upgrade")
