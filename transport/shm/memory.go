@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -265,7 +266,7 @@ func forgetArena(a *arena) {
 // arenaAt returns the indexed arena whose mapping holds p (or ends at it),
 // or nil. Called with allocs locked.
 func arenaAt(p uintptr) *arena {
-	i, found := slices.BinarySearchFunc(allocs.arenas, p, func(a *arena, p uintptr) int { return cmpUintptr(a.base, p) })
+	i, found := slices.BinarySearchFunc(allocs.arenas, p, byBase)
 	if !found {
 		i--
 	}
@@ -278,20 +279,12 @@ func arenaAt(p uintptr) *arena {
 	return nil
 }
 
-func cmpUintptr(a, b uintptr) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
+func byBase(a *arena, p uintptr) int { return cmp.Compare(a.base, p) }
 
 // own records a as the owner of its pages. Called with allocs locked.
 func (ar *arena) own(a *allocation) {
 	if ar.owners == nil {
-		i, _ := slices.BinarySearchFunc(allocs.arenas, ar.base, func(b *arena, p uintptr) int { return cmpUintptr(b.base, p) })
+		i, _ := slices.BinarySearchFunc(allocs.arenas, ar.base, byBase)
 		allocs.arenas = slices.Insert(allocs.arenas, i, ar)
 	}
 	first, end := a.off/pageSize, (a.off+len(a.mem))/pageSize
