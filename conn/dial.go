@@ -117,17 +117,17 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early *
 // rejected names why a listener refused a connection, when it said.
 func rejected(err error) error {
 	var rej *transport.RejectError
-	if errors.As(err, &rej) {
-		switch {
-		case isBacklogFull(rej.Private):
-			return fmt.Errorf("%w: %w", errBacklogFull, err)
-		case bytes.HasPrefix(rej.Private, shm.PeerRefusedMagic):
-			why := bytes.TrimRight(rej.Private[len(shm.PeerRefusedMagic):], "\x00")
-			return fmt.Errorf("%w (%s): %w", ErrPeerRefused, why, err)
-		case bytes.HasPrefix(rej.Private, shm.ListenerFailedMagic):
-			why := bytes.TrimRight(rej.Private[len(shm.ListenerFailedMagic):], "\x00")
-			return fmt.Errorf("conn: the listener could not take the connection (%s): %w", why, err)
-		}
+	if !errors.As(err, &rej) {
+		return err
+	}
+	if isBacklogFull(rej.Private) {
+		return fmt.Errorf("%w: %w", errBacklogFull, err)
+	}
+	if why, ok := bytes.CutPrefix(rej.Private, shm.PeerRefusedMagic); ok {
+		return fmt.Errorf("%w (%s): %w", ErrPeerRefused, bytes.TrimRight(why, "\x00"), err)
+	}
+	if why, ok := bytes.CutPrefix(rej.Private, shm.ListenerFailedMagic); ok {
+		return fmt.Errorf("conn: the listener could not take the connection (%s): %w", bytes.TrimRight(why, "\x00"), err)
 	}
 	return err
 }
