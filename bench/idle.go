@@ -295,14 +295,23 @@ func started(c *child, env string) (*child, error) {
 	return c, nil
 }
 
-func (c *child) report() (childReport, error) {
-	var r childReport
-	if _, err := fmt.Fprintln(c.in, reportOp); err != nil {
-		return r, err
+// ask sends op to the child and returns its answer line.
+func (c *child) ask(op string) (string, error) {
+	if _, err := fmt.Fprintln(c.in, op); err != nil {
+		return "", err
 	}
 	line, err := c.out.ReadString('\n')
 	if err != nil {
-		return r, fmt.Errorf("idle server: %w", err)
+		return "", fmt.Errorf("idle server: %w", err)
+	}
+	return line, nil
+}
+
+func (c *child) report() (childReport, error) {
+	var r childReport
+	line, err := c.ask(reportOp)
+	if err != nil {
+		return r, err
 	}
 	f := strings.SplitN(strings.TrimSpace(line), " ", 6)
 	if len(f) != 6 {
@@ -322,12 +331,9 @@ func (c *child) report() (childReport, error) {
 // held asks how many connections the child holds, without the GC that a
 // report runs first: the set-up's wait for the child's accepts polls it.
 func (c *child) held() (int, error) {
-	if _, err := fmt.Fprintln(c.in, heldOp); err != nil {
-		return 0, err
-	}
-	line, err := c.out.ReadString('\n')
+	line, err := c.ask(heldOp)
 	if err != nil {
-		return 0, fmt.Errorf("idle server: %w", err)
+		return 0, err
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(line))
 	if err != nil {
