@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -125,7 +126,9 @@ type Conn struct {
 	// inlineMax is the largest message the provider sends inline from
 	// the caller's memory (0: none): a ring whose slots fit needs no
 	// registered staging, and each write is one copy instead of two.
-	inlineMax int
+	inlineMax int32
+	// SetLinger; lingerSet false: the default (background, DefaultLinger)
+	linger int32
 
 	rmu, wmu sync.Mutex // one reader, one writer at a time
 
@@ -166,9 +169,8 @@ type Conn struct {
 	rdl                                   time.Time
 	wdl                                   time.Time
 	st                                    Stats
-	// SetLinger; lingerSet false: the default (background, DefaultLinger)
-	linger int
-	wg     sync.WaitGroup // the enlargement server
+
+	wg sync.WaitGroup // the enlargement server
 
 	pl pollState // the completion loop (poll.go)
 }
@@ -221,7 +223,7 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	maxSize, maxCount := o.maxLarge()
 	if want := max(o.slotSize, maxSize); dev.Attr().MaxInline >= want {
-		c.inlineMax = want
+		c.inlineMax = int32(want)
 	}
 	recvs := c.recvDepth()
 	if c.cq, err = dev.CreateCQ(2*recvs + 2*o.slotCount + maxServing + 16); err != nil {
@@ -230,7 +232,7 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
 		MaxSendWR: max(o.slotCount, maxCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
-		MaxInline:  c.inlineMax,
+		MaxInline:  int(c.inlineMax),
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}
 	// Posted by the provider before the peer can send: the peer writes
@@ -855,7 +857,7 @@ func (c *Conn) SetLinger(sec int) error {
 	if c.closed {
 		return c.opErr("set", net.ErrClosed)
 	}
-	c.linger, c.lingerSet = sec, true
+	c.linger, c.lingerSet = int32(min(max(sec, -1), math.MaxInt32)), true
 	return nil
 }
 

@@ -177,7 +177,7 @@ func (c *Conn) enlarge() error {
 			c.enl.level = c.o.levelFor(int(ack.size) * int(ack.count))
 		}
 		c.enl.stalls = 0
-		if c.inlineMax < t.size {
+		if int(c.inlineMax) < t.size {
 			c.mu.Unlock()
 			regStart := time.Now()
 			stage, err := c.pool.Get(bufpool.Owner(c.id), t.stageSize*t.stageSlots, transport.AccessLocalWrite)

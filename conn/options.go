@@ -146,23 +146,29 @@ func (o *options) log() *slog.Logger {
 	return logx.L()
 }
 
-// WithPollSpin sets how long a connection's completion loop keeps
+// WithPollSpin sets the longest a connection's completion loop keeps
 // polling, yielding to other goroutines between polls, after its last
 // completion before it arms the queue and sleeps (default 200 µs; 0:
-// sleep at once). Under traffic the next completion lands meanwhile, which
-// saves two wake-ups: ours, and the peer's wake-up of us (on shm a message
-// on the connection's socket), since an unarmed queue is not notified.
-// A connection that goes quiet pays it once, an idle one never. Measured
-// across two processes on shm (2 cores), against 0: unary 64 B p50 113 →
-// 17 µs (TCP 106), QPS at 8 callers 34,700 → 57,600 (TCP 35,800), 32 KiB
-// writes 3.6 → 10 GB/s; but a 1 MiB gRPC stream, where grpc-go itself
-// needs both cores, 1,190 → 900 MB/s. A spin shorter than the peer's
-// answer pays the wake-ups anyway: on a VM whose wake-ups cost hundreds
-// of µs, 100 µs left a 64 KiB unary call at 1.2–1.3× TCP's p50 and 200
-// µs brought it to 0.4× (the server's work per call is ~150 µs there).
-// Aeron's IPC idle strategies and brpc's polling mode make the same
-// trade. Lower it on hosts with more busy processes than cores; raise it
-// where answers take longer and CPU is to spare.
+// sleep at once). Under traffic the next completion lands meanwhile,
+// which saves two wake-ups: ours, and the peer's wake-up of us (on shm a
+// message on the connection's socket), since an unarmed queue is not
+// notified. Measured across two processes on shm (2 cores), against 0:
+// unary 64 B p50 113 → 17 µs (TCP 106), QPS at 8 callers 34,700 → 57,600
+// (TCP 35,800), 32 KiB writes 3.6 → 10 GB/s; but a 1 MiB gRPC stream,
+// where grpc-go itself needs both cores, 1,190 → 900 MB/s. A spin shorter
+// than the peer's answer pays the wake-ups anyway: on a VM whose
+// wake-ups cost hundreds of µs, 100 µs left a 64 KiB unary call at
+// 1.2–1.3× TCP's p50 and 200 µs brought it to 0.4× (the server's work
+// per call is ~150 µs there).
+//
+// Below the ceiling each connection learns its own spin from how its
+// quiet periods end (spin.go): a spin that runs out shrinks it, one that
+// succeeds late, or a short sleep, grows it. A connection that goes quiet
+// after each burst (a gRPC connection's set-up, a client between calls)
+// stops paying the full spin every time; an idle one never pays. Aeron's
+// IPC idle strategies and brpc's polling mode make the same trade. Lower
+// it on hosts with more busy processes than cores; raise it where
+// answers take longer and CPU is to spare.
 func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
 
 // WithProvider picks the transport provider ("verbs" or "shm").

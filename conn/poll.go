@@ -41,6 +41,11 @@ type pollState struct {
 	stop      atomic.Bool   // stopped, read by the loop each round
 	done      chan struct{} // closed when the running loop exits
 	aux       *pollAux      // what few loops need, apart (a Conn fits an allocation class)
+
+	// The spin budget (spin.go), kept by whoever polls: what this
+	// connection learned, and when its queue last went quiet.
+	spinUS  uint16 // µs; 0: not learned yet
+	quietAt uint32 // µs on the spin clock; 0: not quiet
 }
 
 type pollAux struct {
@@ -190,8 +195,10 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 	defer wcPool.Put(buf)
 	wcs := buf[:]
 	start := time.Now()
+	c.spinQuiet()
 	var turn spinTurn
 	defer turn.release()
+	timedOut := false
 	for armed := false; ; {
 		if c.pl.stop.Load() {
 			c.pollExit(done)
@@ -203,6 +210,7 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 			return true
 		}
 		if n > 0 {
+			c.spinQuietEnded()
 			inlineRounds.Add(1)
 			c.handle(wcs[:n])
 			c.suspendPoll(done)
@@ -217,14 +225,20 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 		}
 		select {
 		case <-ch:
+			c.spinQuietEnded()
 			c.suspendPoll(done)
 			return true
 		default:
 		}
-		if time.Since(start) < c.o.pollSpin && !expired(deadline) && turn.spin() {
+		spun := time.Since(start)
+		if spun < c.spinBudget() && !expired(deadline) && turn.spin() {
 			continue
 		}
 		turn.release()
+		if !timedOut && spun >= c.spinBudget() {
+			timedOut = true
+			c.spinTimedOut()
+		}
 		if err := c.cq.ReqNotify(); err != nil {
 			c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
 			return true
@@ -306,6 +320,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			return
 		}
 		if n > 0 {
+			c.spinQuietEnded()
 			// A connection that closed or failed spins for nothing: its
 			// completions now are its receives flushing at the teardown
 			// (WithPollSpin of CPU on each side of every close).
@@ -323,11 +338,17 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 			now := time.Now()
 			if last.IsZero() {
 				last = now
+				if busy {
+					c.spinQuiet()
+				}
 			}
-			if busy && now.Sub(last) < c.o.pollSpin && turn.spin() {
+			if busy && now.Sub(last) < c.spinBudget() && turn.spin() {
 				continue
 			}
 			turn.release()
+			if busy {
+				c.spinTimedOut()
+			}
 			if err := c.cq.ReqNotify(); err != nil {
 				c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
 				return
