@@ -74,8 +74,10 @@ func maxSpinners() int32 { return int32(2 * runtime.GOMAXPROCS(0)) }
 type spinTurn struct{ held bool }
 
 // spin yields once, as one of the spinners, and reports whether it could
-// (false: maxSpinners spin already, so arm and sleep instead).
-func (s *spinTurn) spin() bool {
+// (false: maxSpinners spin already, so arm and sleep instead). spun is
+// how long this spin has run: past spinYieldAfter it also yields the
+// processor to the other processes (spin.go).
+func (s *spinTurn) spin(spun time.Duration) bool {
 	if !s.held {
 		if spinners.Add(1) > maxSpinners() {
 			spinners.Add(-1)
@@ -84,6 +86,9 @@ func (s *spinTurn) spin() bool {
 		s.held = true
 	}
 	runtime.Gosched()
+	if spun >= spinYieldAfter {
+		osYield()
+	}
 	return true
 }
 
@@ -231,7 +236,7 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 		default:
 		}
 		spun := time.Since(start)
-		if spun < c.spinBudget() && !expired(deadline) && turn.spin() {
+		if spun < c.spinBudget() && !expired(deadline) && turn.spin(spun) {
 			continue
 		}
 		turn.release()
@@ -342,7 +347,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 					c.spinQuiet()
 				}
 			}
-			if busy && now.Sub(last) < c.spinBudget() && turn.spin() {
+			if busy && now.Sub(last) < c.spinBudget() && turn.spin(now.Sub(last)) {
 				continue
 			}
 			turn.release()
