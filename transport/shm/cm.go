@@ -471,6 +471,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	}
 	q.local, q.remote = local, r.RemoteAddr()
 	info := q.info(local, private)
+	info.flags = acceptFlags
 	fds, err := q.shareFDs(info)
 	if err != nil {
 		refuse(err)
@@ -482,7 +483,8 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		return fail(err)
 	}
 	// Started now, not once the dialer says it mapped our memory
-	// (msgReady, which the socket poller now reads and ignores): what we
+	// (msgReady, which the dialer sends only to listeners of earlier
+	// versions, and the socket poller reads and ignores): what we
 	// write lands in the dialer's ring, which it made before it asked,
 	// and waits for its first poll, as data a TCP server writes at accept
 	// waits in the client's socket. Waiting cost every new connection a
@@ -506,6 +508,10 @@ func deadlineFromCtx(ctx context.Context, c *net.UnixConn) func() {
 		c.SetReadDeadline(time.Time{})
 	}
 }
+
+// acceptFlags are the flags a listener's accept carries (a variable for
+// the tests that play a listener of an earlier version).
+var acceptFlags byte = acceptNoReady
 
 var localPorts atomic.Uint32
 
@@ -637,8 +643,11 @@ func (q *qp) awaitAccept(ctx context.Context, c *net.UnixConn, addr string) erro
 	}
 	q.dev.keepCtl(p)
 	q.peer = p
-	if err := writeMsg(c, []byte{msgReady}); err != nil {
-		return fail(err)
+	if info.flags&acceptNoReady == 0 {
+		// A listener of an earlier version: it waits for this.
+		if err := writeMsg(c, []byte{msgReady}); err != nil {
+			return fail(err)
+		}
 	}
 	if err := q.start(c, p, info.private, transport.PrivateLenAccept); err != nil {
 		return fail(err)

@@ -522,3 +522,40 @@ func wantListenerFailed(t *testing.T, b []byte, why string) {
 		t.Errorf("the reject does not say %q: %q", why, b)
 	}
 }
+
+// A dialer sends msgReady only to a listener of an earlier version, one
+// whose accept lacks acceptNoReady: a listener of this version starts the
+// connection when it accepts, and the message would only wake it.
+func TestReadyOnlyForEarlierListeners(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags byte
+		want  uint64
+	}{
+		{"this version", acceptNoReady, 0},
+		{"earlier version", 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			saved := acceptFlags
+			acceptFlags = tc.flags
+			t.Cleanup(func() { acceptFlags = saved })
+			before := readies.Load()
+			cli, srv := pair(t, nil)
+			// The dialer sent msgReady, if at all, on the connection's
+			// socket before Connect returned; the listener reads what
+			// comes on it in order, so once it has read the disconnect
+			// sent after, it has read that too.
+			if err := cli.qp.Disconnect(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-srv.qp.Disconnected():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the listener's side never saw the disconnect")
+			}
+			if got := readies.Load() - before; got != tc.want {
+				t.Fatalf("the listener read %d msgReady, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -212,6 +212,10 @@ func (p *peer) sweep() {
 	})
 }
 
+// readies counts the msgReady a dialer of an earlier version sent
+// (tests: a dialer of this version sends none).
+var readies atomic.Uint64
+
 // serveMsg serves one message from the peer's socket (on the socket
 // poller's goroutine: it must not block) and reports whether more may
 // follow.
@@ -236,6 +240,9 @@ func (q *qp) serveMsg(b []byte, fds []int) bool {
 		closeFDs(fds)
 		q.hangup()
 		return false
+	case msgReady:
+		closeFDs(fds)
+		readies.Add(1)
 	default:
 		closeFDs(fds)
 	}

@@ -17,7 +17,7 @@ const (
 	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header
 	msgAccept     = 2 // same
 	msgReject     = 3 // private data
-	msgReady      = 4 // the connecting side has mapped everything (RTU); sent for listeners of earlier versions, which wait for it
+	msgReady      = 4 // the connecting side has mapped everything (RTU); sent only to listeners of earlier versions, which wait for it
 	msgMemReq     = 5 // req id, memfd id, rkey
 	msgMemRep     = 6 // req id, ok; fd when ok
 	msgErrNote    = 7 // "I moved your QP (or your CQ) to ERROR", wake up
@@ -27,6 +27,18 @@ const (
 	wireVersion = 3 // 3: 40-byte receive slots (ring.go)
 	maxMsg      = 256
 	infoFDs     = 3
+)
+
+// Flags follow a connect or accept message's private data. Peers of
+// earlier versions send none and ignore them (decodeInfo reads what it
+// knows and no further), so a flag only ever skips a step both sides
+// know to skip.
+const (
+	// acceptNoReady: the listener starts the connection when it sends
+	// its accept and does not wait for msgReady, so the dialer need not
+	// send it: one message, and one wake-up of the listener's process,
+	// less per connection.
+	acceptNoReady = 1 << 0
 )
 
 var errShortMsg = errors.New("shm: short or malformed control message")
@@ -51,6 +63,7 @@ type qpInfo struct {
 	cqID, token      uint64 // the CQ and the process, for waking it in-process
 	addr             netip.AddrPort
 	private          []byte
+	flags            byte // after the private data: see acceptNoReady
 }
 
 func (m *qpInfo) encode(typ byte) []byte {
@@ -67,7 +80,8 @@ func (m *qpInfo) encode(typ byte) []byte {
 	b = append(b, ip[:]...)
 	b = binary.LittleEndian.AppendUint16(b, m.addr.Port())
 	b = append(b, byte(len(m.private)))
-	return append(b, m.private...)
+	b = append(b, m.private...)
+	return append(b, m.flags)
 }
 
 func decodeInfo(b []byte) (qpInfo, error) {
@@ -94,6 +108,9 @@ func decodeInfo(b []byte) (qpInfo, error) {
 		return qpInfo{}, errShortMsg
 	}
 	m.private = append([]byte(nil), b[fixed:fixed+n]...)
+	if len(b) > fixed+n {
+		m.flags = b[fixed+n]
+	}
 	if m.recvCap > uint32(deviceAttr.MaxQPWR) || m.recvSGE > uint32(deviceAttr.MaxSGE) || m.cqCap == 0 || m.cqCap > uint32(deviceAttr.MaxCQE) {
 		return qpInfo{}, fmt.Errorf("shm: peer announced impossible QP limits (recv %d×%d SGE, CQ %d)", m.recvCap, m.recvSGE, m.cqCap)
 	}
