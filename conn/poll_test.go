@@ -135,3 +135,59 @@ func TestReaderDoesNotPollForControlMessages(t *testing.T) {
 		t.Fatalf("readers took %d rounds of completions while both directions parked", n)
 	}
 }
+
+// A loop suspended again before its backstop fired is resumed at the
+// later suspension's due time: the pending timer is not reset (a reset
+// marks it modified in the runtime's timer heap, and the next timer check
+// after its time walks the whole heap), it fires and sets itself again.
+func TestBackstopRearmsForTheLaterSuspension(t *testing.T) {
+	const spin = time.Second
+	a, _ := conns(t, WithPollSpin(spin))
+	if _, ok := a.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", a.cq)
+	}
+	waitFor(t, func() bool { // the set-up's loop is gone
+		a.pl.mu.Lock()
+		defer a.pl.mu.Unlock()
+		return !a.pl.running && !a.pl.suspended
+	})
+	// suspend plays a loop that takes the role and suspends for a waiter.
+	suspend := func() time.Time {
+		a.pl.mu.Lock()
+		a.pl.suspended = false
+		a.pl.running, a.pl.done = true, make(chan struct{})
+		done := a.pl.done
+		a.pl.mu.Unlock()
+		a.suspendPoll(done)
+		return time.Now()
+	}
+	suspended := func() (bool, *time.Timer) {
+		a.pl.mu.Lock()
+		defer a.pl.mu.Unlock()
+		var tm *time.Timer
+		if a.pl.aux != nil {
+			tm = a.pl.aux.backstop
+		}
+		return a.pl.suspended, tm
+	}
+	resets := pendingResets.Load()
+	suspend()
+	_, first := suspended()
+	time.Sleep(spin / 2)
+	again := suspend()
+	if _, tm := suspended(); tm != first {
+		t.Fatal("a second suspension made a new timer")
+	}
+	// Past the first suspension's due time, before the second's.
+	time.Sleep(time.Until(again.Add(spin * 3 / 4)))
+	if s, _ := suspended(); !s && time.Since(again) < spin {
+		t.Fatalf("the loop resumed %v after the second suspension, before its due time %v", time.Since(again), spin)
+	}
+	waitFor(t, func() bool { s, _ := suspended(); return !s })
+	if d := time.Since(again); d < spin {
+		t.Fatalf("resumed %v after the second suspension, want %v or more", d, spin)
+	}
+	if n := pendingResets.Load() - resets; n != 0 {
+		t.Fatalf("%d backstop timers reset while set", n)
+	}
+}
