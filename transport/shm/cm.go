@@ -240,13 +240,18 @@ func (l *listener) handshake(c *net.UnixConn) {
 	l.mu.Unlock()
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
-	// refuse answers with a reject that carries private (no descriptor
-	// of ours is handed over).
-	refuse := func(private []byte) {
+	// handOver takes the socket out of the pending set: from then on
+	// Close leaves it (and its deadline) to whoever answers the request.
+	handOver := func() {
 		l.mu.Lock()
 		delete(l.pending, c)
 		l.mu.Unlock()
 		handedOver = true
+	}
+	// refuse answers with a reject that carries private (no descriptor
+	// of ours is handed over).
+	refuse := func(private []byte) {
+		handOver()
 		(&connReq{l: l, conn: c}).Reject(private)
 	}
 	b, fds, err := readMsg(c, buf, oob)
@@ -286,10 +291,7 @@ func (l *listener) handshake(c *net.UnixConn) {
 	}
 	// From here the socket may become a live QP's: Close must no longer
 	// touch its deadline, so it leaves the pending set first.
-	l.mu.Lock()
-	delete(l.pending, c)
-	l.mu.Unlock()
-	handedOver = true
+	handOver()
 	c.SetReadDeadline(time.Time{})
 	r := &connReq{l: l, conn: c, info: info, fds: fds, cred: cred}
 	select {
