@@ -13,10 +13,10 @@ import (
 // A spin that finds the next completion saves two wake-ups; one that runs
 // out is all waste, and on a host with as many busy processes as cores it
 // takes the core the peer needed. A fixed 200 µs paid that at the end of
-// every burst: a gRPC connection set up in a loop of 10,000 (two
-// processes, 2 cores) ran out of spin 2.4 times per connection on the
-// client, 470 µs of CPU per connection, and the loop took 1.5–1.9 ms a
-// connection against 0.95 ms with no spin at all and 0.75 ms over TCP.
+// every burst: gRPC connections set up in a loop (two processes, 2
+// cores) ran out of spin 2.4 times per connection on the client, 470 µs
+// of CPU per connection, and a loop of 5,000 took 1.20–1.21 ms a
+// connection against 0.95 ms with no spin at all and 0.69 ms over TCP.
 //
 // So a spin that runs out shrinks the budget by a quarter (not below
 // spinFloor, which still catches completions already on their way), and
