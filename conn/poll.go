@@ -274,12 +274,12 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 			return true
 		default:
 		}
-		spun := time.Since(start)
-		if spun < c.spinBudget() && !expired(deadline) && turn.spin(spun) {
+		spun, budget := time.Since(start), c.spinBudget()
+		if spun < budget && !expired(deadline) && turn.spin(spun) {
 			continue
 		}
 		turn.release()
-		if !timedOut && spun >= c.spinBudget() {
+		if !timedOut && spun >= budget {
 			timedOut = true
 			c.spinTimedOut()
 		}
@@ -388,11 +388,13 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 					c.spinQuiet()
 				}
 			}
-			if busy && now.Sub(last) < c.spinBudget() && turn.spin(now.Sub(last)) {
+			spun, budget := now.Sub(last), c.spinBudget()
+			if busy && spun < budget && turn.spin(spun) {
 				continue
 			}
 			turn.release()
-			if busy {
+			if busy && spun >= budget {
+				// Ran out, rather than found too many spinning.
 				c.spinTimedOut()
 			}
 			if err := c.cq.ReqNotify(); err != nil {
