@@ -226,8 +226,12 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l := &Listener{l: tl, tcp: tcpL, dev: dev, name: name, o: o, backlog: make(chan struct{}, o.backlog), conns: make(chan *Conn), ctx: lctx, cancel: cancel}
-	l.wg.Add(1)
-	go l.acceptLoop()
+	if rh, ok := tl.(transport.RequestHandler); ok {
+		rh.HandleRequests(l.take)
+	} else {
+		l.wg.Add(1)
+		go l.acceptLoop()
+	}
 	if tcpL != nil {
 		l.wg.Add(1)
 		go l.serveTCP()
@@ -242,24 +246,42 @@ func (l *Listener) acceptLoop() {
 		if err != nil {
 			return
 		}
-		select {
-		case l.backlog <- struct{}{}:
-		default:
-			// Full: refuse now, so the dialer learns it at once rather
-			// than at its time-out, and nothing is set up for it.
-			req.Reject(backlogFullMagic)
-			l.refused(req, errBacklogFull)
+		if !l.admit(req) {
 			continue
 		}
 		l.wg.Add(1)
-		go l.handshake(req)
+		go func() {
+			defer l.wg.Done()
+			l.handshake(req)
+		}()
 	}
 }
 
-// handshake answers one request; a bad one is rejected, never fatal to
-// the listener.
+// take is the provider's RequestHandler: it answers req on the
+// provider's goroutine, whose Close waits for it (before l.wg.Wait).
+func (l *Listener) take(req transport.ConnRequest) {
+	if l.admit(req) {
+		l.handshake(req)
+	}
+}
+
+// admit takes a backlog token for req, or refuses it.
+func (l *Listener) admit(req transport.ConnRequest) bool {
+	select {
+	case l.backlog <- struct{}{}:
+		return true
+	default:
+		// Full: refuse now, so the dialer learns it at once rather
+		// than at its time-out, and nothing is set up for it.
+		req.Reject(backlogFullMagic)
+		l.refused(req, errBacklogFull)
+		return false
+	}
+}
+
+// handshake answers one request, holding its backlog token; a bad one is
+// rejected, never fatal to the listener.
 func (l *Listener) handshake(req transport.ConnRequest) {
-	defer l.wg.Done()
 	taken := false // by Accept, with its backlog token
 	defer func() {
 		if !taken {

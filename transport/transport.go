@@ -321,6 +321,18 @@ type Listener interface {
 	Close() error
 }
 
+// RequestHandler is implemented by a Listener that can hand each
+// connection request to a function on the goroutine that read it, instead
+// of queueing it for Accept: one hand-over between goroutines less per
+// connection, and none of them waking a goroutine that waits in Accept.
+// HandleRequests is called once, before the first request is read;
+// Accept then returns none. fn may block until it has called the
+// request's Accept or Reject, and beyond, until Close: the listener's
+// Close waits for it to return.
+type RequestHandler interface {
+	HandleRequests(fn func(ConnRequest))
+}
+
 // ConnRequest is a pending incoming connection (RDMA_CM_EVENT_CONNECT_REQUEST).
 // Exactly one of Accept or Reject must be called.
 type ConnRequest interface {

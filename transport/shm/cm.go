@@ -167,11 +167,12 @@ func (d *device) Listen(addr string) (transport.Listener, error) {
 		}
 	}
 	l := &listener{
-		dev:  d,
-		ul:   ul,
-		addr: &Addr{IP: ip, Port: port},
-		reqs: make(chan *connReq),
-		done: make(chan struct{}),
+		dev:     d,
+		ul:      ul,
+		addr:    &Addr{IP: ip, Port: port},
+		reqs:    make(chan *connReq),
+		handled: make(chan struct{}),
+		done:    make(chan struct{}),
 	}
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -187,6 +188,8 @@ type listener struct {
 	ul        *net.UnixListener
 	addr      *Addr
 	reqs      chan *connReq
+	handle    atomic.Pointer[func(transport.ConnRequest)] // HandleRequests; nil: queue for Accept
+	handled   chan struct{}                               // closed by HandleRequests
 	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -195,6 +198,8 @@ type listener struct {
 	pending   map[*net.UnixConn]bool // connections still in handshake
 	peerCheck func(pid, uid, gid int) error
 	lastWarn  atomic.Int64 // unix nanoseconds of the last warning logged
+	// handedOver counts the requests read whole (tests).
+	handedOver atomic.Int64
 }
 
 func (l *listener) Addr() net.Addr { return l.addr }
@@ -294,10 +299,26 @@ func (l *listener) handshake(c *net.UnixConn) {
 	handOver()
 	c.SetReadDeadline(time.Time{})
 	r := &connReq{l: l, conn: c, info: info, fds: fds, cred: cred}
+	l.handedOver.Add(1)
+	if h := l.handle.Load(); h != nil {
+		(*h)(r)
+		return
+	}
 	select {
 	case l.reqs <- r:
+	case <-l.handled: // came after this request was read
+		(*l.handle.Load())(r)
 	case <-l.done:
 		r.Reject(nil)
+	}
+}
+
+// HandleRequests: see transport.RequestHandler. The handshake goroutine
+// that read a request runs fn, so a connection costs the listener's
+// process one goroutine, not two, and no wake-up of Accept's.
+func (l *listener) HandleRequests(fn func(transport.ConnRequest)) {
+	if l.handle.CompareAndSwap(nil, &fn) {
+		close(l.handled)
 	}
 }
 

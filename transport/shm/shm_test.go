@@ -248,3 +248,59 @@ func TestListenerCloseAfterAccept(t *testing.T) {
 		cli.qp, srv.qp = nil, nil
 	}
 }
+
+// TestHandleRequests checks that a listener with a RequestHandler hands
+// every request to it, the one read before the handler was set too, and
+// that Accept then returns none.
+func TestHandleRequests(t *testing.T) {
+	cli, srv, tl := listenSides(t, 64, 64)
+	defer tl.Close()
+	l := tl.(*listener)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dial := func(name string) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			qp, err := cli.dev.Connect(ctx, l.Addr().String(), cli.cfg(), []byte(name))
+			if err == nil {
+				defer qp.Close()
+			}
+			errc <- err
+		}()
+		return errc
+	}
+	// The first request is read with no handler: its handshake waits to
+	// hand it to Accept, out of the pending set.
+	first := dial("first")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if l.handedOver.Load() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first request was never read")
+		}
+	}
+	got := make(chan string, 2)
+	l.HandleRequests(func(r transport.ConnRequest) {
+		got <- string(bytes.TrimRight(r.PeerPrivate(), "\x00"))
+		qp, err := r.Accept(ctx, srv.cfg(), []byte("welcome"))
+		if err == nil {
+			qp.Close()
+		}
+	})
+	second := dial("second")
+	for _, errc := range []<-chan error{first, second} {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{<-got: true, <-got: true}
+	if !seen["first"] || !seen["second"] {
+		t.Fatalf("the handler saw %v, want first and second", seen)
+	}
+	actx, acancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer acancel()
+	if r, err := l.Accept(actx); err == nil {
+		t.Fatalf("Accept returned a request (%q) the handler should have had", r.PeerPrivate())
+	}
+}
