@@ -90,7 +90,7 @@ const (
 	// a bigger write is several adverts, two in flight.
 	DefaultRendezvousChunk = 4 << 20
 	// DefaultPollSpin: see WithPollSpin.
-	DefaultPollSpin = 200 * time.Microsecond
+	DefaultPollSpin = 500 * time.Microsecond
 	// DefaultIdleShrink: see WithIdleShrink.
 	DefaultIdleShrink = 30 * time.Second
 )
@@ -148,7 +148,7 @@ func (o *options) log() *slog.Logger {
 
 // WithPollSpin sets the longest a connection's completion loop keeps
 // polling, yielding to other goroutines between polls, after its last
-// completion before it arms the queue and sleeps (default 200 µs; 0:
+// completion before it arms the queue and sleeps (default 500 µs; 0:
 // sleep at once). Under traffic the next completion lands meanwhile,
 // which saves two wake-ups: ours, and the peer's wake-up of us (on shm a
 // message on the connection's socket), since an unarmed queue is not
@@ -159,7 +159,15 @@ func (o *options) log() *slog.Logger {
 // than the peer's answer pays the wake-ups anyway: on a VM whose
 // wake-ups cost hundreds of µs, 100 µs left a 64 KiB unary call at
 // 1.2–1.3× TCP's p50 and 200 µs brought it to 0.4× (the server's work
-// per call is ~150 µs there).
+// per call is ~150 µs there). Once connections learned their spin below
+// the ceiling and yielded the processor past 50 µs, 200 µs still fell
+// short of a 256 KiB call's answer (the server works ~300 µs): four pairs
+// of quick bench runs, two processes, 500 µs against 200 µs, rdmagrpc /
+// TCP: unary 256 KiB p50 0.69–0.77× against 0.94–1.00×, 1 MiB
+// 0.75–0.88× against 0.82–0.85×, the 1 MiB stream 1.05–1.21× against
+// 1.01–1.10×, CPU per RPC at 8 callers 0.94–0.97× against 0.82–0.96×,
+// QPS at 8 callers 1.37–1.42× against 1.29–1.56×. 1 ms did better still
+// for the large calls but took more CPU per RPC than TCP at 8 callers.
 //
 // Below the ceiling each connection learns its own spin from how its
 // quiet periods end (spin.go): a spin that runs out shrinks it, one that
