@@ -320,9 +320,16 @@ func (c *Conn) run() {
 // absence, leaves the gate; forget, if not nil, runs on a failure.
 func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, gate *earlyGate, forget func()) {
 	defer c.wg.Done()
-	ctx, cancel := context.WithTimeout(ctx, c.o.upgradeTimeout)
-	defer cancel()
-	err := qp.Established(ctx)
+	var err error
+	if d, ok := qp.(transport.DeadlineEstablisher); ok {
+		// ctx carries no cancellation (WithoutCancel): a deadline is all
+		// it would add, at the price of a context and a timer per dial.
+		err = d.EstablishedBy(time.Now().Add(c.o.upgradeTimeout))
+	} else {
+		tctx, cancel := context.WithTimeout(ctx, c.o.upgradeTimeout)
+		err = qp.Established(tctx)
+		cancel()
+	}
 	gate.leave()
 	var peer hello
 	if err == nil {

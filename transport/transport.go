@@ -366,6 +366,15 @@ type EarlyQP interface {
 	Established(ctx context.Context) error
 }
 
+// DeadlineEstablisher is an EarlyQP that can also wait for the
+// listener's answer until a time, with no context: a dial then pays for
+// no context, timer or callback of its own (shm: the socket's read
+// deadline bounds the wait). A wait that ends at deadline returns an
+// error wrapping context.DeadlineExceeded, as Established's would.
+type DeadlineEstablisher interface {
+	EstablishedBy(deadline time.Time) error
+}
+
 // Router is implemented by a Device of a provider that may have several
 // (verbs: one per HCA): DeviceFor names the device a connection to addr
 // goes through, where its PD, CQ and memory must be made before Connect.

@@ -521,17 +521,6 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	return q, nil
 }
 
-// deadlineFromCtx makes reads on c fail when ctx ends or after the
-// set-up timeout; the returned func undoes it.
-func deadlineFromCtx(ctx context.Context, c *net.UnixConn) func() {
-	c.SetReadDeadline(time.Now().Add(setupTimeout))
-	stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(aLongTimeAgo) })
-	return func() {
-		stop()
-		c.SetReadDeadline(time.Time{})
-	}
-}
-
 // acceptFlags are the flags a listener's accept carries (a variable for
 // the tests that play a listener of an earlier version).
 var acceptFlags byte = acceptNoReady
@@ -581,7 +570,7 @@ func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip
 	if err != nil {
 		return nil, err
 	}
-	if err := q.awaitAccept(ctx, c, addr); err != nil {
+	if err := q.awaitAccept(ctx, time.Time{}, c, addr, nil); err != nil {
 		q.Close()
 		return nil, err
 	}
@@ -621,20 +610,51 @@ func (d *device) sendConnect(c *net.UnixConn, addr string, ip netip.Addr, port i
 }
 
 // awaitAccept reads the listener's answer on c and starts q; on error c
-// is closed and q is left for its owner to close.
-func (q *qp) awaitAccept(ctx context.Context, c *net.UnixConn, addr string) error {
+// is closed and q is left for its owner to close. The read ends at
+// deadline (zero: none of the caller's) or with ctx, and in any case
+// after the set-up timeout; e, an early dial's wait, lets Disconnect end
+// it too. A caller with a deadline and a ctx that cannot end
+// (Background) costs no context, timer or callback of its own: the
+// socket's deadline does it.
+func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixConn, addr string, e *earlyDial) error {
 	fail := func(err error) error {
 		c.Close()
 		return fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
-	stop := deadlineFromCtx(ctx, c)
+	dl := time.Now().Add(setupTimeout)
+	if !deadline.IsZero() && deadline.Before(dl) {
+		dl = deadline
+	}
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	c.SetReadDeadline(dl)
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() { c.SetReadDeadline(aLongTimeAgo) })
+	}
+	if e != nil && !e.startRead() {
+		if stop != nil {
+			stop()
+		}
+		return fail(net.ErrClosed)
+	}
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
 	b, rfds, err := readMsg(c, buf, oob)
-	stop()
+	ended := e != nil && e.stopRead()
+	if stop != nil {
+		stop()
+	}
+	c.SetReadDeadline(time.Time{})
 	if err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case ended:
+			return fail(net.ErrClosed)
+		case ctx.Err() != nil:
 			return fail(ctx.Err())
+		case !deadline.IsZero() && !time.Now().Before(deadline):
+			return fail(context.DeadlineExceeded)
 		}
 		// The listener went away before answering.
 		return fail(fmt.Errorf("%w (%v)", transport.ErrConnRefused, err))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
@@ -115,5 +116,72 @@ func TestConnectEarly(t *testing.T) {
 		if err := q.Established(ctx); err == nil {
 			t.Fatal("established after Close")
 		}
+	})
+	// EstablishedBy: the same waits bounded by a time, with no context.
+	t.Run("by a deadline", func(t *testing.T) {
+		q, err := ec.ConnectEarly(ctx, addr, cli.cfg(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+		done := make(chan error, 1)
+		go func() { done <- q.(transport.DeadlineEstablisher).EstablishedBy(time.Now().Add(10 * time.Second)) }()
+		// The request withdrawn before its wait (above) comes first:
+		// answering it fails.
+		for range 2 {
+			r, err := l.Accept(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sq, err := r.Accept(ctx, srv.cfg(), nil); err == nil {
+				defer sq.Close()
+				break
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("established by a deadline: %v", err)
+		}
+	})
+	t.Run("past the deadline", func(t *testing.T) {
+		q, err := ec.ConnectEarly(ctx, addr, cli.cfg(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Close()
+		start := time.Now()
+		err = q.(transport.DeadlineEstablisher).EstablishedBy(start.Add(50 * time.Millisecond))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("unanswered past the deadline: %v, want context.DeadlineExceeded", err)
+		}
+		if d := time.Since(start); d < 50*time.Millisecond || d > 5*time.Second {
+			t.Errorf("the wait took %v for a deadline 50ms away", d)
+		}
+		r, err := l.Accept(ctx) // withdrawn: no one answers it
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Reject(nil)
+	})
+	t.Run("closed while waiting by a deadline", func(t *testing.T) {
+		q, err := ec.ConnectEarly(ctx, addr, cli.cfg(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- q.(transport.DeadlineEstablisher).EstablishedBy(time.Now().Add(time.Minute)) }()
+		time.Sleep(10 * time.Millisecond)
+		start := time.Now()
+		q.Close()
+		if err := <-done; !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("waiting by a deadline, closed: %v, want net.ErrClosed", err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("Close took %v to end the wait", d)
+		}
+		r, err := l.Accept(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Reject(nil)
 	})
 }

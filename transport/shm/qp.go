@@ -515,15 +515,23 @@ type earlyDial struct {
 	wg   sync.WaitGroup // a wait that started
 
 	mu      sync.Mutex
-	waiting bool               // a wait started
-	ended   bool               // Disconnect ran: no wait may start
-	cancel  context.CancelFunc // ends the wait under way (nil after)
-	err     error              // the wait's outcome, once wg is done
+	waiting bool  // a wait started
+	ended   bool  // Disconnect ran: no wait may start
+	reading bool  // the wait reads the answer: end makes the read fail
+	err     error // the wait's outcome, once wg is done
 }
 
 // Established implements transport.EarlyQP. A QP of Connect or Accept is
 // established already.
-func (q *qp) Established(ctx context.Context) error {
+func (q *qp) Established(ctx context.Context) error { return q.establish(ctx, time.Time{}) }
+
+// EstablishedBy implements transport.DeadlineEstablisher.
+// Background has no Done channel: nothing is registered for it.
+func (q *qp) EstablishedBy(deadline time.Time) error {
+	return q.establish(context.Background(), deadline)
+}
+
+func (q *qp) establish(ctx context.Context, deadline time.Time) error {
 	e := q.early.Load()
 	if e == nil {
 		return nil
@@ -538,20 +546,34 @@ func (q *qp) Established(ctx context.Context) error {
 		e.mu.Unlock()
 		return fmt.Errorf("shm: connect to %s: %w", e.addr, net.ErrClosed)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	e.waiting, e.cancel = true, cancel
+	e.waiting = true
 	e.wg.Add(1)
 	e.mu.Unlock()
-	err := q.awaitAccept(ctx, e.c, e.addr)
+	err := q.awaitAccept(ctx, deadline, e.c, e.addr, e)
 	e.mu.Lock()
-	e.err, e.cancel = err, nil
+	e.err = err
 	e.mu.Unlock()
 	if err == nil {
 		q.early.Store(nil) // established: nothing of the wait is kept
 	}
 	e.wg.Done()
 	return err
+}
+
+// startRead marks the answer's read begun, unless Disconnect came first.
+func (e *earlyDial) startRead() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.reading = !e.ended
+	return e.reading
+}
+
+// stopRead marks it over and reports whether Disconnect came meanwhile.
+func (e *earlyDial) stopRead() (ended bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.reading = false
+	return e.ended
 }
 
 // end stops a wait under way, which returns an error unless the answer
@@ -561,16 +583,18 @@ func (e *earlyDial) end() {
 	e.mu.Lock()
 	first := !e.ended
 	e.ended = true
-	waiting, cancel := e.waiting, e.cancel
+	waiting := e.waiting
+	if e.reading {
+		// Under mu, so the read sees it or has not begun (startRead
+		// then refuses): it fails now rather than at its deadline.
+		e.c.SetReadDeadline(aLongTimeAgo)
+	}
 	e.mu.Unlock()
 	if !waiting {
 		if first {
 			e.c.Close()
 		}
 		return
-	}
-	if cancel != nil {
-		cancel()
 	}
 	e.wg.Wait()
 }
