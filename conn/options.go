@@ -165,9 +165,10 @@ func (o *options) log() *slog.Logger {
 // of quick bench runs, two processes, 500 µs against 200 µs, rdmagrpc /
 // TCP: unary 256 KiB p50 0.69–0.77× against 0.94–1.00×, 1 MiB
 // 0.75–0.88× against 0.82–0.85×, the 1 MiB stream 1.05–1.21× against
-// 1.01–1.10×, CPU per RPC at 8 callers 0.94–0.97× against 0.82–0.96×,
-// QPS at 8 callers 1.37–1.42× against 1.29–1.56×. 1 ms did better still
-// for the large calls but took more CPU per RPC than TCP at 8 callers.
+// 1.01–1.10×, the client's CPU per RPC at 8 callers 0.94–0.97× against
+// 0.82–0.96×, QPS at 8 callers 1.37–1.42× against 1.29–1.56×. 1 ms did
+// better still for the large calls, but its CPU per RPC spread wider
+// (at 8 callers 0.79–1.08× TCP's, at 64 up to 1.28×).
 //
 // Below the ceiling each connection learns its own spin from how its
 // quiet periods end (spin.go): a spin that runs out shrinks it, one that
