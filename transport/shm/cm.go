@@ -621,12 +621,13 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		c.Close()
 		return fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
+	// The caller's end: its deadline or its ctx's, whichever is first.
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
 	dl := time.Now().Add(setupTimeout)
 	if !deadline.IsZero() && deadline.Before(dl) {
 		dl = deadline
-	}
-	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
-		dl = d
 	}
 	c.SetReadDeadline(dl)
 	var stop func() bool
@@ -654,6 +655,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		case ctx.Err() != nil:
 			return fail(ctx.Err())
 		case !deadline.IsZero() && !time.Now().Before(deadline):
+			// The socket's deadline may fire before ctx's own timer.
 			return fail(context.DeadlineExceeded)
 		}
 		// The listener went away before answering.
