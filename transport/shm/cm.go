@@ -621,13 +621,13 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		c.Close()
 		return fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
-	// The caller's end: its deadline or its ctx's, whichever is first.
-	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
-	}
 	dl := time.Now().Add(setupTimeout)
 	if !deadline.IsZero() && deadline.Before(dl) {
 		dl = deadline
+	}
+	ctxDL, ctxHas := ctx.Deadline()
+	if ctxHas && ctxDL.Before(dl) {
+		dl = ctxDL
 	}
 	c.SetReadDeadline(dl)
 	var stop func() bool
@@ -654,8 +654,12 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 			return fail(net.ErrClosed)
 		case ctx.Err() != nil:
 			return fail(ctx.Err())
+		case ctxHas && !time.Now().Before(ctxDL):
+			// The socket's deadline, ctx's, fired before ctx's own
+			// timer: callers read ctx.Err() to tell a time-out.
+			<-ctx.Done()
+			return fail(ctx.Err())
 		case !deadline.IsZero() && !time.Now().Before(deadline):
-			// The socket's deadline may fire before ctx's own timer.
 			return fail(context.DeadlineExceeded)
 		}
 		// The listener went away before answering.
