@@ -198,8 +198,8 @@ type listener struct {
 	pending   map[*net.UnixConn]bool // connections still in handshake
 	peerCheck func(pid, uid, gid int) error
 	lastWarn  atomic.Int64 // unix nanoseconds of the last warning logged
-	// handedOver counts the requests read whole (tests).
-	handedOver atomic.Int64
+	// requestsRead counts the requests read whole (tests).
+	requestsRead atomic.Int64
 }
 
 func (l *listener) Addr() net.Addr { return l.addr }
@@ -299,14 +299,10 @@ func (l *listener) handshake(c *net.UnixConn) {
 	handOver()
 	c.SetReadDeadline(time.Time{})
 	r := &connReq{l: l, conn: c, info: info, fds: fds, cred: cred}
-	l.handedOver.Add(1)
-	if h := l.handle.Load(); h != nil {
-		(*h)(r)
-		return
-	}
+	l.requestsRead.Add(1)
 	select {
 	case l.reqs <- r:
-	case <-l.handled: // came after this request was read
+	case <-l.handled: // HandleRequests: no Accept takes it
 		(*l.handle.Load())(r)
 	case <-l.done:
 		r.Reject(nil)

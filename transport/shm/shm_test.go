@@ -273,7 +273,7 @@ func TestHandleRequests(t *testing.T) {
 	// hand it to Accept, out of the pending set.
 	first := dial("first")
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if l.handedOver.Load() == 1 {
+		if l.requestsRead.Load() == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
