@@ -289,7 +289,26 @@ func (l *listener) handshake(c *net.UnixConn) {
 		return
 	}
 	info, err := decodeInfo(b)
-	if err != nil || len(fds) != infoFDs {
+	if err != nil {
+		closeFDs(fds)
+		c.Close()
+		return
+	}
+	peer := peerOf(cred)
+	var maps []peerMapping
+	if info.flags&ctlNamed != 0 && len(fds) == 0 {
+		var ok bool
+		if kd := l.ctlDevice(peer); kd != nil {
+			maps, ok = kd.namedCtl(info.ctl[:])
+		}
+		if !ok {
+			// Not (or no longer) held here: ask for them.
+			if fds, err = askFDs(c, buf, oob); err != nil {
+				c.Close()
+				return
+			}
+		}
+	} else if len(fds) != infoFDs {
 		closeFDs(fds)
 		c.Close()
 		return
@@ -298,7 +317,7 @@ func (l *listener) handshake(c *net.UnixConn) {
 	// touch its deadline, so it leaves the pending set first.
 	handOver()
 	c.SetReadDeadline(time.Time{})
-	r := &connReq{l: l, conn: c, info: info, fds: fds, cred: cred}
+	r := &connReq{l: l, conn: c, info: info, fds: fds, maps: maps, cred: cred, peer: peer}
 	l.requestsRead.Add(1)
 	select {
 	case l.reqs <- r:
@@ -307,6 +326,34 @@ func (l *listener) handshake(c *net.UnixConn) {
 	case <-l.done:
 		r.Reject(nil)
 	}
+}
+
+// ctlDevice is the device whose kept control mappings resolve the files
+// the process at the other end of a request names (ctlNamed): the child
+// device of that process, if there is one yet.
+func (l *listener) ctlDevice(peer peerID) *device {
+	if peer.pid == 0 {
+		return nil
+	}
+	return l.dev.knownChild(peer)
+}
+
+// askFDs asks the dialer for the descriptors its connect named and reads
+// them, within the request's read deadline.
+func askFDs(c *net.UnixConn, buf, oob []byte) ([]int, error) {
+	handshakes.asked.Add(1)
+	if err := writeMsg(c, []byte{msgNeedFDs}); err != nil {
+		return nil, err
+	}
+	b, fds, err := readMsg(c, buf, oob)
+	if err != nil {
+		return nil, err
+	}
+	if b[0] != msgFDs || len(fds) != infoFDs {
+		closeFDs(fds)
+		return nil, fmt.Errorf("shm: asked for the connect's descriptors, got message %d with %d", b[0], len(fds))
+	}
+	return fds, nil
 }
 
 // HandleRequests: see transport.RequestHandler. The handshake goroutine
@@ -412,9 +459,20 @@ type connReq struct {
 	l    *listener
 	conn *net.UnixConn
 	info qpInfo
+	// The dialer's control files: descriptors it passed, or the
+	// mappings of those it named (ctlNamed).
 	fds  []int
+	maps []peerMapping
 	cred *unix.Ucred // the dialer, by the kernel's word
+	peer peerID      // and its process
 	used atomic.Bool
+}
+
+// dropCtl gives back what the request holds of the dialer's files.
+func (r *connReq) dropCtl() {
+	closeFDs(r.fds)
+	releaseMaps(r.maps)
+	r.fds, r.maps = nil, nil
 }
 
 func (r *connReq) PeerPrivate() []byte {
@@ -436,7 +494,7 @@ func (r *connReq) Reject(private []byte) error {
 		return errors.New("shm: connection request already answered")
 	}
 	defer r.conn.Close()
-	closeFDs(r.fds)
+	r.dropCtl()
 	if err := writeMsg(r.conn, rejectMsg(private)); err != nil {
 		return fmt.Errorf("shm: reject: %w", err)
 	}
@@ -448,7 +506,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		return nil, errors.New("shm: connection request already answered")
 	}
 	if len(private) > maxPrivate {
-		closeFDs(r.fds)
+		r.dropCtl()
 		r.conn.Close()
 		return nil, fmt.Errorf("shm: accept: %d bytes of private data, max %d: %w", len(private), maxPrivate, transport.ErrInvalidWR)
 	}
@@ -464,7 +522,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	refuse := func(err error) { writeMsg(r.conn, rejectMsg(listenerFailure(err))) }
 	q, err := d.newQP(cfg)
 	if err != nil {
-		closeFDs(r.fds)
+		r.dropCtl()
 		refuse(err)
 		r.conn.Close()
 		return nil, err
@@ -474,7 +532,14 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		q.Close()
 		return nil, fmt.Errorf("shm: accept from %v: %w", r.RemoteAddr(), err)
 	}
-	p, err := newPeer(r.info, r.fds, int(r.cred.Pid) == os.Getpid())
+	same := int(r.cred.Pid) == os.Getpid()
+	var p *peer
+	if r.maps != nil {
+		p, err = newPeerOf(r.info, r.maps, same)
+	} else {
+		p, err = newPeer(r.info, r.fds, same)
+	}
+	r.fds, r.maps = nil, nil
 	if err != nil {
 		refuse(err)
 		return fail(err)
@@ -491,7 +556,10 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	q.local, q.remote = local, r.RemoteAddr()
 	info := q.info(local, private)
 	info.flags = acceptFlags
-	fds, err := q.shareFDs(info)
+	if d.namesCtl() && d.peer.pid == int(r.cred.Pid) {
+		info.held = d.heldCtl()
+	}
+	fds, err := q.shareCtl(info, r.info.held)
 	if err != nil {
 		refuse(err)
 		return fail(err)
@@ -593,7 +661,14 @@ func (d *device) sendConnect(c *net.UnixConn, addr string, ip netip.Addr, port i
 	q.local = &Addr{IP: localIP, Port: portLo + int(localPorts.Add(1))%(portHi-portLo)}
 	q.remote = &Addr{IP: ip, Port: port}
 	myInfo := q.info(q.local, private)
-	fds, err := q.shareFDs(myInfo)
+	// The listener's files we hold stay mapped until its answer, which
+	// may name them.
+	pins := q.dev.pinCtl()
+	for _, k := range pins {
+		myInfo.held = append(myInfo.held, k.key.ino)
+	}
+	q.pinned(pins)
+	fds, err := q.shareCtl(myInfo, q.dev.peerHeld())
 	if err != nil {
 		return fail(err)
 	}
@@ -639,6 +714,13 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
 	b, rfds, err := readMsg(c, buf, oob)
+	if err == nil && b[0] == msgNeedFDs {
+		// The listener dropped the files our connect named.
+		closeFDs(rfds)
+		if err = q.sendFDs(c); err == nil {
+			b, rfds, err = readMsg(c, buf, oob)
+		}
+	}
 	ended := e != nil && e.stopRead()
 	if stop != nil {
 		stop()
@@ -682,11 +764,29 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		closeFDs(rfds)
 		return fail(err)
 	}
-	p, err := newPeer(info, rfds, sameProcess(c))
+	pins := q.unpin()
+	defer releasePins(pins)
+	// Who answered, by the kernel's word, not the peer's.
+	cred, cerr := peerCred(c)
+	same := cerr == nil && int(cred.Pid) == os.Getpid()
+	var p *peer
+	if info.flags&ctlNamed != 0 && len(rfds) == 0 {
+		// Names resolve among the files of the process the pins are
+		// of, which must be the one that answered.
+		maps, ok := findCtl(pins, info.ctl[:])
+		if !ok || cerr != nil || peerOf(cred) != q.dev.peer {
+			releaseMaps(maps)
+			return fail(errors.New("the accept named control files this side did not list as held"))
+		}
+		p, err = newPeerOf(info, maps, same)
+	} else {
+		p, err = newPeer(info, rfds, same)
+	}
 	if err != nil {
 		return fail(err)
 	}
 	q.dev.keepCtl(p)
+	q.dev.notePeerHolds(info.held)
 	q.peer = p
 	if info.flags&acceptNoReady == 0 {
 		// A listener of an earlier version: it waits for this.
@@ -723,11 +823,4 @@ func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error
 		}
 	}
 	return nil, fmt.Errorf("%w: nothing listens on port %d (%v)", transport.ErrConnRefused, port, last)
-}
-
-// sameProcess reports whether the other end of c is this process, by the
-// kernel's word (SO_PEERCRED), not the peer's.
-func sameProcess(c *net.UnixConn) bool {
-	cred, err := peerCred(c)
-	return err == nil && cred != nil && int(cred.Pid) == os.Getpid()
 }

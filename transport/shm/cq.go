@@ -290,6 +290,17 @@ func (c *cq) Wait(ctx context.Context) error {
 }
 
 // share returns a dup of the header's arena fd and the header's place in it.
+// place returns the inode of the arena of the CQ header and its place there.
+func (c *cq) place() (ino, off uint64, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, 0, fmt.Errorf("shm: CQ closed: %w", net.ErrClosed)
+	}
+	ino, off = c.seg.place()
+	return ino, off, nil
+}
+
 func (c *cq) share() (fd int, off uint64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

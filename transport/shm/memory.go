@@ -37,6 +37,7 @@ type arena struct {
 	id   uint64
 	name string
 	fd   int
+	ino  uint64 // the memfd's inode: how a peer that holds it mapped is told of it
 	mem  []byte
 	base uintptr
 	free []span // sorted by offset, coalesced, in bytes
@@ -155,11 +156,11 @@ func (p *pool) alloc(n int) (*arena, int, error) {
 	if dedicated {
 		size = n
 	}
-	fd, mem, err := newMemfd(p.name, size)
+	fd, ino, mem, err := newMemfd(p.name, size)
 	if err != nil {
 		return nil, 0, err
 	}
-	a := &arena{id: arenaIDs.Add(1), name: p.name, fd: fd, mem: mem, base: addrOf(mem), free: []span{{0, size}}, dedicated: dedicated}
+	a := &arena{id: arenaIDs.Add(1), name: p.name, fd: fd, ino: ino, mem: mem, base: addrOf(mem), free: []span{{0, size}}, dedicated: dedicated}
 	arenas.byID[a.id] = a
 	p.arenas = append(p.arenas, a)
 	off, _ := a.take(n)
@@ -401,28 +402,34 @@ func dupArenaFD(id uint64) (int, error) {
 	return dupFD(a.fd)
 }
 
-// newMemfd creates a memfd of size bytes and maps it shared.
-func newMemfd(name string, size int) (int, []byte, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+// newMemfd creates a memfd of size bytes and maps it shared; ino is its
+// inode number.
+func newMemfd(name string, size int) (fd int, ino uint64, mem []byte, err error) {
+	fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return -1, nil, fmt.Errorf("memfd_create: %w", err)
+		return -1, 0, nil, fmt.Errorf("memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
-		return -1, nil, fmt.Errorf("ftruncate memfd to %d: %w", size, err)
+		return -1, 0, nil, fmt.Errorf("ftruncate memfd to %d: %w", size, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, 0, nil, fmt.Errorf("fstat memfd: %w", err)
 	}
 	// Sealed against shrinking, so that a peer's mapping can never fault
 	// (SIGBUS) past a shortened end; peers check for the seal.
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
 		unix.Close(fd)
-		return -1, nil, fmt.Errorf("seal memfd: %w", err)
+		return -1, 0, nil, fmt.Errorf("seal memfd: %w", err)
 	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err = unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		unix.Close(fd)
-		return -1, nil, fmt.Errorf("mmap memfd of %d bytes: %w", size, err)
+		return -1, 0, nil, fmt.Errorf("mmap memfd of %d bytes: %w", size, err)
 	}
-	return fd, mem, nil
+	return fd, st.Ino, mem, nil
 }
 
 // segment is a small shared-memory area of this process (QP ring, CQ
@@ -475,6 +482,13 @@ func (s *segment) share() (fd int, off uint64, err error) {
 	defer allocs.RUnlock()
 	fd, err = dupFD(s.a.arena.fd)
 	return fd, uint64(s.a.off), err
+}
+
+// place returns the inode of the segment's arena and the segment's place in it.
+func (s *segment) place() (ino, off uint64) {
+	allocs.RLock()
+	defer allocs.RUnlock()
+	return s.a.arena.ino, uint64(s.a.off)
 }
 
 // Shared words are accessed only through these, with atomics, because the

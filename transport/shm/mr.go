@@ -138,6 +138,7 @@ func (t mrTable) store(idx int, e mrEntry) {
 // mrTableOwner is a device's own table plus the Go-side state behind it.
 type mrTableOwner struct {
 	fd  int // a memfd of its own: every peer maps the table
+	ino uint64
 	mem []byte
 
 	mu       sync.Mutex
@@ -173,11 +174,11 @@ func (t *mrTableOwner) slot(idx uint32, create bool) (*atomic.Pointer[mr], *uint
 }
 
 func newMRTable() (*mrTableOwner, error) {
-	fd, mem, err := newMemfd("rdmagrpc-shm-mrtable", mrTableSize)
+	fd, ino, mem, err := newMemfd("rdmagrpc-shm-mrtable", mrTableSize)
 	if err != nil {
 		return nil, fmt.Errorf("MR table: %w", err)
 	}
-	return &mrTableOwner{fd: fd, mem: mem}, nil
+	return &mrTableOwner{fd: fd, ino: ino, mem: mem}, nil
 }
 
 // close releases the table; peers keep their own mappings of it.

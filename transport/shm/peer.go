@@ -127,6 +127,128 @@ func (d *device) keepCtl(p *peer) {
 	}
 }
 
+// Control files by name. The MR table and control arenas a peer process
+// hands over are the same for all its connections to this process (one
+// child device each way), and a device keeps them mapped (keepCtl). So
+// once both sides hold each other's, a set-up names them by inode
+// instead of passing three descriptors each way (ctlNamed): a dup, a
+// close, an fstat, a seal check and another close per descriptor, and
+// the kernel's work of passing it, on each side. Only a child device of
+// one peer process (not the uid-keyed one of peers in another PID
+// namespace, which several processes share) resolves names, among the
+// files that process handed over itself: a peer can name no memory but
+// its own.
+
+// handshakes counts how set-ups handed over control files (tests).
+var handshakes struct {
+	fdsSent, named, asked atomic.Int64
+}
+
+// holdsAll reports whether held lists every inode of want.
+func holdsAll(held, want []uint64) bool {
+	for _, w := range want {
+		if !slices.Contains(held, w) {
+			return false
+		}
+	}
+	return len(want) > 0
+}
+
+// namesCtl reports whether d resolves control files by name: it is the
+// child device of one peer process.
+func (d *device) namesCtl() bool { return d != nil && d.parent != nil && d.peer.pid != 0 }
+
+// heldCtl lists the inodes of the peer's control files d keeps mapped,
+// for the peer to name them (qpInfo.held); none unless d namesCtl.
+func (d *device) heldCtl() []uint64 {
+	if !d.namesCtl() {
+		return nil
+	}
+	d.arenaMu.Lock()
+	defer d.arenaMu.Unlock()
+	held := make([]uint64, 0, len(d.keptCtl))
+	for _, k := range d.keptCtl {
+		held = append(held, k.key.ino)
+	}
+	return held[:min(len(held), maxHeld)]
+}
+
+// pinCtl takes a reference on each control mapping d keeps, so that the
+// files a dialer lists as held stay mapped until the answer that may name
+// them; unpin gives them back.
+func (d *device) pinCtl() []kept[fileKey] {
+	if !d.namesCtl() {
+		return nil
+	}
+	d.arenaMu.Lock()
+	defer d.arenaMu.Unlock()
+	pins := make([]kept[fileKey], len(d.keptCtl))
+	for i, k := range d.keptCtl {
+		pins[i] = kept[fileKey]{k.key, k.m.retain()}
+	}
+	return pins[:min(len(pins), maxHeld)]
+}
+
+// findCtl returns a reference on the mapping of each file named by
+// inode in inos, from list, or false if one is missing or ambiguous.
+func findCtl(list []kept[fileKey], inos []uint64) ([]peerMapping, bool) {
+	maps := make([]peerMapping, 0, len(inos))
+	for _, ino := range inos {
+		var found []peerMapping
+		for _, k := range list {
+			if k.key.ino == ino {
+				found = append(found, k.m)
+			}
+		}
+		if len(found) != 1 {
+			return nil, false
+		}
+		maps = append(maps, found[0])
+	}
+	for i := range maps {
+		maps[i] = maps[i].retain()
+	}
+	return maps, true
+}
+
+// namedCtl returns references on the peer's control files named by
+// inos, from those d keeps, or false.
+func (d *device) namedCtl(inos []uint64) ([]peerMapping, bool) {
+	if !d.namesCtl() {
+		return nil, false
+	}
+	d.arenaMu.Lock()
+	defer d.arenaMu.Unlock()
+	return findCtl(d.keptCtl, inos)
+}
+
+// notePeerHolds records which of d's control files its peer process said
+// it holds mapped (an accept's qpInfo.held), for the next connect.
+func (d *device) notePeerHolds(held []uint64) {
+	if !d.namesCtl() {
+		return
+	}
+	d.arenaMu.Lock()
+	d.peerHolds = slices.Clone(held)
+	d.arenaMu.Unlock()
+}
+
+// peerHeld is what notePeerHolds recorded.
+func (d *device) peerHeld() []uint64 {
+	if !d.namesCtl() {
+		return nil
+	}
+	d.arenaMu.Lock()
+	defer d.arenaMu.Unlock()
+	return d.peerHolds
+}
+
+func releaseMaps(maps []peerMapping) {
+	for i := range maps {
+		maps[i].release()
+	}
+}
+
 // releaseArenas gives back the peer arenas and control mappings the
 // device kept.
 func (d *device) releaseArenas() {
@@ -146,16 +268,27 @@ func newPeer(info qpInfo, fds []int, sameProcess bool) (*peer, error) {
 		closeFDs(fds)
 		return nil, fmt.Errorf("shm: peer sent %d fds, want %d", len(fds), infoFDs)
 	}
-	p := &peer{num: info.num, pd: info.pd, cqCap: int(info.cqCap), held: make([]peerMapping, 0, infoFDs)}
+	maps := make([]peerMapping, 0, infoFDs)
 	for i, fd := range fds {
 		m, err := mapPeer(fd, 1)
 		if err != nil {
 			closeFDs(fds[i+1:])
-			p.unmap()
+			releaseMaps(maps)
 			return nil, fmt.Errorf("shm: map peer memory %d of %d: %w", i+1, len(fds), err)
 		}
-		p.held = append(p.held, m)
+		maps = append(maps, m)
 	}
+	return newPeerOf(info, maps, sameProcess)
+}
+
+// newPeerOf is newPeer with the files already mapped: maps, whose
+// references it takes over, in the order of qpInfo.ctl.
+func newPeerOf(info qpInfo, maps []peerMapping, sameProcess bool) (*peer, error) {
+	if len(maps) != infoFDs {
+		releaseMaps(maps)
+		return nil, fmt.Errorf("shm: %d peer control files, want %d", len(maps), infoFDs)
+	}
+	p := &peer{num: info.num, pd: info.pd, cqCap: int(info.cqCap), held: maps}
 	mrt, err := p.held[0].window(0, mrTableSize)
 	if err != nil {
 		p.unmap()

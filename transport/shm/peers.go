@@ -97,6 +97,13 @@ func (d *device) child(peer peerID) (*device, error) {
 	return c, nil
 }
 
+// knownChild returns the device for connections to peer, if there is one.
+func (d *device) knownChild(peer peerID) *device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.children[peer]
+}
+
 // idle: nothing of the child is in use (no PD, CQ, memory, QP ring).
 func (d *device) idle() bool {
 	if d.pds.Load() != 0 || d.cqs.Load() != 0 {
@@ -231,7 +238,7 @@ func (dd *dialDevice) take(addr string, private []byte) (*net.UnixConn, error) {
 // Device implements transport.RequestDevice: the device of the dialing
 // process.
 func (r *connReq) Device() transport.Device {
-	if c, err := r.l.dev.child(peerOf(r.cred)); err == nil {
+	if c, err := r.l.dev.child(r.peer); err == nil {
 		return c
 	}
 	// Without a device of its own the request is answered from the

@@ -47,6 +47,9 @@ type qp struct {
 	respFail respFail // set by execute, applied by run (sendMu)
 	scratchR [][]byte
 	pins     []uint32 // peer MR keys pinned by the executing request
+	// ctlPins: the listener's control files a dialer listed as held in
+	// its connect, kept mapped until the answer (pinned).
+	ctlPins  []kept[fileKey]
 	sgeBuf   []transport.SGE
 	memReqID uint64
 
@@ -166,28 +169,77 @@ func (q *qp) info(addr net.Addr, private []byte) *qpInfo {
 	}
 }
 
-// shareFDs returns dups of the fds the peer maps (MR table, the arenas of
-// the QP ring and of the receive CQ header) and notes their places in
-// info; the caller closes them after sending.
-func (q *qp) shareFDs(info *qpInfo) ([]int, error) {
-	mrt, err := q.dev.mrs.dupFD()
+// shareCtl notes in info the places of the QP ring and of the receive CQ
+// header in their arenas, and hands the peer the files it maps (MR
+// table, those two arenas): by name (ctlNamed) when held, the inodes the
+// peer said it keeps mapped, lists them all, else as descriptors, dups
+// the caller closes after sending.
+func (q *qp) shareCtl(info *qpInfo, held []uint64) ([]int, error) {
+	ringIno, off := q.seg.place()
+	cqIno, cqOff, err := q.rcq.place()
 	if err != nil {
-		return nil, err
-	}
-	seg, off, err := q.seg.share()
-	if err != nil {
-		closeFDs([]int{mrt})
-		return nil, fmt.Errorf("shm: share QP ring with peer: %w", err)
-	}
-	cqh, cqOff, err := q.rcq.share()
-	if err != nil {
-		closeFDs([]int{mrt, seg})
 		return nil, err
 	}
 	info.ringOff, info.cqOff, info.cqID, info.token = off, cqOff, q.rcq.id, procToken
 	q.shared = true
+	ctl := [infoFDs]uint64{q.dev.mrs.ino, ringIno, cqIno}
+	if holdsAll(held, ctl[:]) {
+		info.flags |= ctlNamed
+		info.ctl = ctl
+		handshakes.named.Add(1)
+		return nil, nil
+	}
+	return q.dupCtl()
+}
+
+// dupCtl returns dups of the descriptors of the files the peer maps, in
+// the order of qpInfo.ctl.
+func (q *qp) dupCtl() ([]int, error) {
+	mrt, err := q.dev.mrs.dupFD()
+	if err != nil {
+		return nil, err
+	}
+	seg, _, err := q.seg.share()
+	if err != nil {
+		closeFDs([]int{mrt})
+		return nil, fmt.Errorf("shm: share QP ring with peer: %w", err)
+	}
+	cqh, _, err := q.rcq.share()
+	if err != nil {
+		closeFDs([]int{mrt, seg})
+		return nil, err
+	}
+	handshakes.fdsSent.Add(1)
 	return []int{mrt, seg, cqh}, nil
 }
+
+// sendFDs answers msgNeedFDs: the descriptors the connect named.
+func (q *qp) sendFDs(c *net.UnixConn) error {
+	fds, err := q.dupCtl()
+	if err != nil {
+		return err
+	}
+	defer closeFDs(fds)
+	return writeMsg(c, []byte{msgFDs}, fds...)
+}
+
+// pinned keeps pins (pinCtl) until the listener's answer (unpin) or Close.
+func (q *qp) pinned(pins []kept[fileKey]) {
+	q.sendMu.Lock()
+	q.ctlPins = pins
+	q.sendMu.Unlock()
+}
+
+// unpin takes back the pins pinned kept, for the caller to release.
+func (q *qp) unpin() []kept[fileKey] {
+	q.sendMu.Lock()
+	defer q.sendMu.Unlock()
+	pins := q.ctlPins
+	q.ctlPins = nil
+	return pins
+}
+
+func releasePins(pins []kept[fileKey]) { releaseKept(pins) }
 
 // start hands the connection's socket to the socket poller.
 func (q *qp) start(conn *net.UnixConn, p *peer, peerPriv []byte, padTo uint8) error {
@@ -444,6 +496,7 @@ func (q *qp) Close() error {
 		q.svcMu.Lock()
 		q.svcClosed = true
 		q.svcMu.Unlock()
+		releasePins(q.unpin())
 		q.sendMu.Lock()
 		if q.timer != nil {
 			q.timer.Stop()

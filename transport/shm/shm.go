@@ -86,6 +86,9 @@ type device struct {
 	// keptCtl are the mappings of the peer's MR table and control arenas
 	// (peer.go, keepCtl), kept for the next QP to the same peer process.
 	keptCtl []kept[fileKey]
+	// peerHolds are the inodes of this device's control files its peer
+	// process said, in its last accept, it keeps mapped (peer.go).
+	peerHolds []uint64
 }
 
 var pdIDs atomic.Uint32

@@ -14,7 +14,7 @@ import (
 // Messages on a connection's unix socket (SOCK_SEQPACKET, so each read is
 // one message). The data path never uses it.
 const (
-	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header
+	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header (none with ctlNamed)
 	msgAccept     = 2 // same
 	msgReject     = 3 // private data
 	msgReady      = 4 // the connecting side has mapped everything (RTU); sent only to listeners of earlier versions, which wait for it
@@ -22,7 +22,9 @@ const (
 	msgMemRep     = 6 // req id, ok; fd when ok
 	msgErrNote    = 7 // "I moved your QP (or your CQ) to ERROR", wake up
 	msgDisconnect = 8
-	msgWake       = 9 // "your armed receive CQ has a completion"
+	msgWake       = 9  // "your armed receive CQ has a completion"
+	msgNeedFDs    = 10 // listener: "I no longer hold the files your connect named: send them"
+	msgFDs        = 11 // dialer, in answer: the connect's fds
 
 	wireVersion = 3 // 3: 40-byte receive slots (ring.go)
 	maxMsg      = 256
@@ -39,7 +41,17 @@ const (
 	// send it: one message, and one wake-up of the listener's process,
 	// less per connection.
 	acceptNoReady = 1 << 0
+	// ctlNamed: the sender's MR table and control arenas come named by
+	// their inode numbers (qpInfo.ctl), not as descriptors, because the
+	// receiver said it holds them mapped (qpInfo.held). Set by a
+	// listener only when its dialer's connect listed them; by a dialer
+	// when the listener's last accept did, and then the listener may
+	// answer msgNeedFDs (it dropped them since).
+	ctlNamed = 1 << 1
 )
+
+// maxHeld bounds the inode numbers a message lists in qpInfo.held.
+const maxHeld = 8
 
 var errShortMsg = errors.New("shm: short or malformed control message")
 
@@ -47,7 +59,7 @@ var errShortMsg = errors.New("shm: short or malformed control message")
 // descriptors (MSG_CTRUNC) and with fewer than the buffer holds: the
 // receiving process is out of descriptors (RLIMIT_NOFILE; each connection
 // request waiting to be set up holds its socket and the three memfds that
-// came with it). errTooManyRights: the buffer filled, so the sender
+// came with it, unless it named them: ctlNamed). errTooManyRights: the buffer filled, so the sender
 // passed more than a message carries.
 var (
 	errRightsCut     = errors.New("shm: out of file descriptors (RLIMIT_NOFILE): a control message's descriptors were cut off")
@@ -64,6 +76,12 @@ type qpInfo struct {
 	addr             netip.AddrPort
 	private          []byte
 	flags            byte // after the private data: see acceptNoReady
+	// After the flags (peers of earlier versions send neither): held
+	// lists the inode numbers of the receiver's control files the sender
+	// keeps mapped; ctl, with ctlNamed, names the sender's own (MR
+	// table, arena of the QP ring, arena of the receive CQ header).
+	held []uint64
+	ctl  [infoFDs]uint64
 }
 
 func (m *qpInfo) encode(typ byte) []byte {
@@ -81,7 +99,16 @@ func (m *qpInfo) encode(typ byte) []byte {
 	b = binary.LittleEndian.AppendUint16(b, m.addr.Port())
 	b = append(b, byte(len(m.private)))
 	b = append(b, m.private...)
-	return append(b, m.flags)
+	b = append(b, m.flags, byte(len(m.held)))
+	for _, v := range m.held {
+		b = binary.LittleEndian.AppendUint64(b, v)
+	}
+	if m.flags&ctlNamed != 0 {
+		for _, v := range m.ctl {
+			b = binary.LittleEndian.AppendUint64(b, v)
+		}
+	}
+	return b
 }
 
 func decodeInfo(b []byte) (qpInfo, error) {
@@ -108,8 +135,28 @@ func decodeInfo(b []byte) (qpInfo, error) {
 		return qpInfo{}, errShortMsg
 	}
 	m.private = append([]byte(nil), b[fixed:fixed+n]...)
-	if len(b) > fixed+n {
-		m.flags = b[fixed+n]
+	rest := b[fixed+n:]
+	if len(rest) > 0 {
+		m.flags, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		k := int(rest[0])
+		if k > maxHeld || len(rest) < 1+8*k {
+			return qpInfo{}, errShortMsg
+		}
+		m.held = make([]uint64, k)
+		for i := range m.held {
+			m.held[i] = le.Uint64(rest[1+8*i:])
+		}
+		rest = rest[1+8*k:]
+	}
+	if m.flags&ctlNamed != 0 {
+		if len(rest) < 8*infoFDs {
+			return qpInfo{}, errShortMsg
+		}
+		for i := range m.ctl {
+			m.ctl[i] = le.Uint64(rest[8*i:])
+		}
 	}
 	if m.recvCap > uint32(deviceAttr.MaxQPWR) || m.recvSGE > uint32(deviceAttr.MaxSGE) || m.cqCap == 0 || m.cqCap > uint32(deviceAttr.MaxCQE) {
 		return qpInfo{}, fmt.Errorf("shm: peer announced impossible QP limits (recv %d×%d SGE, CQ %d)", m.recvCap, m.recvSGE, m.cqCap)
