@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -246,5 +247,33 @@ func TestAcceptNamingUnlistedFilesRefused(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "did not list as held") {
 		t.Fatalf("error %v, want the accept's names refused", err)
+	}
+}
+
+// The largest connect or accept fits one message, and what follows the
+// private data decodes as it was encoded.
+func TestInfoWithNamesFitsOneMessage(t *testing.T) {
+	m := qpInfo{num: 7, recvCap: 4, recvSGE: 1, cqCap: 8, addr: netip.MustParseAddrPort("[::1]:9"), private: make([]byte, maxPrivate),
+		flags: acceptNoReady | ctlNamed, ctl: [infoFDs]uint64{11, 12, 1 << 63}}
+	for i := range maxHeld {
+		m.held = append(m.held, uint64(100+i))
+	}
+	b := m.encode(msgAccept)
+	if len(b) > maxMsg {
+		t.Fatalf("%d bytes, a message holds %d", len(b), maxMsg)
+	}
+	got, err := decodeInfo(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.flags != m.flags || got.ctl != m.ctl || !slices.Equal(got.held, m.held) {
+		t.Fatalf("decoded flags %#x ctl %v held %v, want %#x %v %v", got.flags, got.ctl, got.held, m.flags, m.ctl, m.held)
+	}
+	m.held = append(m.held, 1)
+	if _, err := decodeInfo(m.encode(msgAccept)); err == nil {
+		t.Fatalf("decoded a message listing %d held files, more than %d", len(m.held), maxHeld)
+	}
+	if _, err := decodeInfo(b[:len(b)-1]); err == nil {
+		t.Fatal("decoded a message whose names were cut")
 	}
 }

@@ -194,16 +194,19 @@ func (d *device) pinCtl() []kept[fileKey] {
 func findCtl(list []kept[fileKey], inos []uint64) ([]peerMapping, bool) {
 	maps := make([]peerMapping, 0, len(inos))
 	for _, ino := range inos {
-		var found []peerMapping
-		for _, k := range list {
+		found := -1
+		for i, k := range list {
 			if k.key.ino == ino {
-				found = append(found, k.m)
+				if found >= 0 {
+					return nil, false // two files of that inode: neither
+				}
+				found = i
 			}
 		}
-		if len(found) != 1 {
+		if found < 0 {
 			return nil, false
 		}
-		maps = append(maps, found[0])
+		maps = append(maps, list[found].m)
 	}
 	for i := range maps {
 		maps[i] = maps[i].retain()

@@ -85,7 +85,7 @@ type qpInfo struct {
 }
 
 func (m *qpInfo) encode(typ byte) []byte {
-	b := []byte{typ, wireVersion}
+	b := append(make([]byte, 0, maxMsg), typ, wireVersion)
 	b = binary.LittleEndian.AppendUint32(b, m.num)
 	b = binary.LittleEndian.AppendUint32(b, m.pd)
 	b = binary.LittleEndian.AppendUint32(b, m.recvCap)
