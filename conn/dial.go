@@ -71,16 +71,33 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early *
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := dev.(transport.EarlyConnector); !ok {
+		early = nil
+	}
+	// Room in the gate first: the device's socket to the listener, once
+	// connected, would wait on the listener's side meanwhile.
+	if early != nil {
+		if err := early.enter(ctx); err != nil {
+			return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
+		}
+	}
+	leave := func() {
+		if early != nil {
+			early.leave()
+		}
+	}
 	if r, ok := dev.(transport.Router); ok {
 		if dev, err = r.DeviceFor(ctx, addr); err != nil {
+			leave()
 			return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
 		}
 	}
 	c, cfg, err := newConn(ctx, telemetry.Client, name, dev, o)
 	if err != nil {
+		leave()
 		return nil, err
 	}
-	if ec, ok := dev.(transport.EarlyConnector); ok && early != nil && early.enter() {
+	if ec, ok := dev.(transport.EarlyConnector); ok && early != nil {
 		qp, err := ec.ConnectEarly(ctx, addr, cfg, c.hello().encode())
 		if err != nil {
 			early.leave()
@@ -94,6 +111,7 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early *
 		go c.establish(context.WithoutCancel(ctx), qp, early, forget)
 		return c, nil
 	}
+	leave()
 	qp, err := dev.Connect(ctx, addr, cfg, c.hello().encode())
 	if err != nil {
 		err = rejected(err)

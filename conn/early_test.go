@@ -147,7 +147,7 @@ func TestEarlyDialsBounded(t *testing.T) {
 		for _, c := range conns {
 			c.Close()
 		}
-		// Their 64 kits would serve the next tests' dials, which some
+		// Their kits would serve the next tests' dials, which some
 		// count on to register.
 		waitLingering(t)
 		ReleaseKits()
@@ -162,7 +162,7 @@ func TestEarlyDialsBounded(t *testing.T) {
 		conns = append(conns, c)
 	}
 	ks, ok := lookupServer(addr, "shm")
-	if !ok || ks.early.n.Load() != maxEarly {
+	if !ok || ks.early.inFlight() != maxEarly {
 		t.Fatalf("the server's gate: %v known, want %d in it", ok, maxEarly)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
@@ -173,11 +173,11 @@ func TestEarlyDialsBounded(t *testing.T) {
 		t.Fatalf("dial %d returned before its answer, with %d unanswered", maxEarly+1, maxEarly)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("dial %d: %v, want its context's end while it waits for the answer", maxEarly+1, err)
+		t.Fatalf("dial %d: %v, want its context's end while it waits for room", maxEarly+1, err)
 	}
 	// One of the waiting dials is closed: it leaves the gate.
 	conns[0].Close()
-	for deadline := time.Now().Add(5 * time.Second); ks.early.n.Load() >= maxEarly; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); ks.early.inFlight() >= maxEarly; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the closed dial never left the gate")
 		}
