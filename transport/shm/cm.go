@@ -532,7 +532,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		q.Close()
 		return nil, fmt.Errorf("shm: accept from %v: %w", r.RemoteAddr(), err)
 	}
-	same := int(r.cred.Pid) == os.Getpid()
+	same := int(r.cred.Pid) == ownPID
 	var p *peer
 	if r.maps != nil {
 		p, err = newPeerOf(r.info, r.maps, same)
@@ -768,7 +768,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 	defer releasePins(pins)
 	// Who answered, by the kernel's word, not the peer's.
 	cred, cerr := peerCred(c)
-	same := cerr == nil && int(cred.Pid) == os.Getpid()
+	same := cerr == nil && int(cred.Pid) == ownPID
 	var p *peer
 	if info.flags&ctlNamed != 0 && len(rfds) == 0 {
 		// Names resolve among the files of the process the pins are

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -110,6 +111,8 @@ var cqIDs atomic.Uint64
 var (
 	liveCQs   sync.Map // uint64 → *cq
 	procToken = newToken()
+	// ownPID is this process's pid (os.Getpid is a system call each time).
+	ownPID = os.Getpid()
 )
 
 func newToken() uint64 {
