@@ -556,7 +556,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	q.local, q.remote = local, r.RemoteAddr()
 	info := q.info(local, private)
 	info.flags = acceptFlags
-	if d.namesCtl() && d.peer.pid == int(r.cred.Pid) {
+	if d.namesCtl() && d.peer == r.peer {
 		info.held = d.heldCtl()
 	}
 	fds, err := q.shareCtl(info, r.info.held)
@@ -765,7 +765,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		return fail(err)
 	}
 	pins := q.unpin()
-	defer releasePins(pins)
+	defer releaseKept(pins)
 	// Who answered, by the kernel's word, not the peer's.
 	cred, cerr := peerCred(c)
 	same := cerr == nil && int(cred.Pid) == ownPID

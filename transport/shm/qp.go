@@ -239,8 +239,6 @@ func (q *qp) unpin() []kept[fileKey] {
 	return pins
 }
 
-func releasePins(pins []kept[fileKey]) { releaseKept(pins) }
-
 // start hands the connection's socket to the socket poller.
 func (q *qp) start(conn *net.UnixConn, p *peer, peerPriv []byte, padTo uint8) error {
 	q.conn, q.peer, q.peerPriv, q.peerPrivLen = conn, p, peerPriv, padTo
@@ -496,7 +494,7 @@ func (q *qp) Close() error {
 		q.svcMu.Lock()
 		q.svcClosed = true
 		q.svcMu.Unlock()
-		releasePins(q.unpin())
+		releaseKept(q.unpin())
 		q.sendMu.Lock()
 		if q.timer != nil {
 			q.timer.Stop()
