@@ -109,12 +109,12 @@ func (np *namedPair) connect() {
 	}
 }
 
-type handshakeCounts struct{ fdsSent, named, asked int64 }
+type handshakeCounts struct{ fdsSent, named, resolved, asked int64 }
 
 func countHandshakes(f func()) handshakeCounts {
-	s, n, a := handshakes.fdsSent.Load(), handshakes.named.Load(), handshakes.asked.Load()
+	s, n, r, a := handshakes.fdsSent.Load(), handshakes.named.Load(), handshakes.resolved.Load(), handshakes.asked.Load()
 	f()
-	return handshakeCounts{handshakes.fdsSent.Load() - s, handshakes.named.Load() - n, handshakes.asked.Load() - a}
+	return handshakeCounts{handshakes.fdsSent.Load() - s, handshakes.named.Load() - n, handshakes.resolved.Load() - r, handshakes.asked.Load() - a}
 }
 
 // Once both processes hold each other's MR table and control arenas, a
@@ -126,7 +126,7 @@ func TestControlFilesNamed(t *testing.T) {
 		t.Fatalf("first connection: %+v, want descriptors both ways", got)
 	}
 	for i := range 3 {
-		if got := countHandshakes(np.connect); got != (handshakeCounts{named: 2}) {
+		if got := countHandshakes(np.connect); got != (handshakeCounts{named: 2, resolved: 2}) {
 			t.Fatalf("connection %d: %+v, want the files named both ways", i+2, got)
 		}
 	}
@@ -137,10 +137,10 @@ func TestControlFilesNamed(t *testing.T) {
 		t.Fatal("the listener has no device for the dialer's process")
 	}
 	kd.releaseArenas()
-	if got := countHandshakes(np.connect); got != (handshakeCounts{fdsSent: 1, named: 2, asked: 1}) {
+	if got := countHandshakes(np.connect); got != (handshakeCounts{fdsSent: 1, named: 2, resolved: 1, asked: 1}) {
 		t.Fatalf("after the listener let go: %+v, want the connect named, the dialer asked to send its files, the accept named", got)
 	}
-	if got := countHandshakes(np.connect); got != (handshakeCounts{named: 2}) {
+	if got := countHandshakes(np.connect); got != (handshakeCounts{named: 2, resolved: 2}) {
 		t.Fatalf("next: %+v, want the files named both ways", got)
 	}
 }
@@ -194,7 +194,7 @@ func TestControlFilesNamedUnknown(t *testing.T) {
 			}
 		})
 	}
-	if got := countHandshakes(np.connect); got != (handshakeCounts{named: 2}) {
+	if got := countHandshakes(np.connect); got != (handshakeCounts{named: 2, resolved: 2}) {
 		t.Fatalf("next connection: %+v, want the files named both ways", got)
 	}
 }
@@ -275,5 +275,53 @@ func TestInfoWithNamesFitsOneMessage(t *testing.T) {
 	}
 	if _, err := decodeInfo(b[:len(b)-1]); err == nil {
 		t.Fatal("decoded a message whose names were cut")
+	}
+}
+
+// Across two processes as within one: the second and later connections
+// to a listener name the control files both ways, and data flows over
+// them both ways (the MR tables found by name check every key).
+func TestControlFilesNamedAcrossProcesses(t *testing.T) {
+	_, addr := startPeerMode(t, "named")
+	p, _ := transport.Get(ProviderName)
+	d, err := p.Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() }) // after the QPs' (cleanups run last first)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connect := func() {
+		dev, err := d.(*device).DeviceFor(ctx, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newIsoSide(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := dev.Connect(ctx, addr, s.cfg(), s.private())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { q.Close() })
+		copy(s.mem, "ping")
+		raddr, rkey := remote(q.PeerPrivate())
+		if err := s.write(q, 0, 4, raddr+64, rkey); err != nil {
+			t.Fatalf("write to the peer: %v", err)
+		}
+		for end := time.Now().Add(5 * time.Second); string(s.mem[64:68]) != "pong"; time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("the peer's write never came: %q", s.mem[64:68])
+			}
+		}
+	}
+	if got := countHandshakes(connect); got != (handshakeCounts{fdsSent: 1}) {
+		t.Fatalf("first connection: %+v, want our descriptors sent and the peer's received", got)
+	}
+	for i := range 3 {
+		if got := countHandshakes(connect); got != (handshakeCounts{named: 1, resolved: 1}) {
+			t.Fatalf("connection %d: %+v, want our files named and the peer's found by name", i+2, got)
+		}
 	}
 }

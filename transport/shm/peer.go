@@ -139,9 +139,10 @@ func (d *device) keepCtl(p *peer) {
 // files that process handed over itself: a peer can name no memory but
 // its own.
 
-// handshakes counts how set-ups handed over control files (tests).
+// handshakes counts how set-ups handed over control files (tests): sent
+// as descriptors, named, named by the peer and found here, asked for.
 var handshakes struct {
-	fdsSent, named, asked atomic.Int64
+	fdsSent, named, resolved, asked atomic.Int64
 }
 
 // holdsAll reports whether held lists every inode of want.
@@ -211,6 +212,7 @@ func findCtl(list []kept[fileKey], inos []uint64) ([]peerMapping, bool) {
 	for i := range maps {
 		maps[i] = maps[i].retain()
 	}
+	handshakes.resolved.Add(1)
 	return maps, true
 }
 

@@ -27,6 +27,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(peerEnv) == "named" {
+		if err := namedPeer(); err != nil {
+			fmt.Fprintln(os.Stderr, "peer:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(peerEnv) == "echo" {
 		if err := echoPeer(); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)
@@ -111,10 +118,51 @@ func echoPeer() error {
 	}
 }
 
+// namedPeer listens, prints its address, and accepts connections as conn
+// does (on the device of the dialer's process); into each dialer's memory
+// it writes "pong" at offset 64, until it is killed.
+func namedPeer() error {
+	p, _ := transport.Get("shm")
+	d, err := p.Open("")
+	if err != nil {
+		return err
+	}
+	l, err := d.Listen("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fmt.Println(l.Addr().String())
+	ctx := context.Background()
+	for {
+		r, err := l.Accept(ctx)
+		if err != nil {
+			return err
+		}
+		s, err := newIsoSide(r.(transport.RequestDevice).Device())
+		if err != nil {
+			return err
+		}
+		q, err := r.Accept(ctx, s.cfg(), s.private())
+		if err != nil {
+			return err
+		}
+		copy(s.mem, "pong")
+		raddr, rkey := remote(q.PeerPrivate())
+		if err := s.write(q, 0, 4, raddr+64, rkey); err != nil {
+			return err
+		}
+	}
+}
+
 func startPeer(t *testing.T) (*exec.Cmd, string) {
 	t.Helper()
+	return startPeerMode(t, "echo")
+}
+
+func startPeerMode(t *testing.T, mode string) (*exec.Cmd, string) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), peerEnv+"=echo")
+	cmd.Env = append(os.Environ(), peerEnv+"="+mode)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
