@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 func TestSmoke(t *testing.T) {
 	cfg := Config{
 		BenchTime:   2 * time.Millisecond,
-		Rounds:      1,
+		Rounds:      2,
 		Sizes:       []int{64, 4 << 10},
 		Concurrency: []int{1, 4},
 		QPSSize:     64,
@@ -71,6 +71,9 @@ func TestSmoke(t *testing.T) {
 	for _, i := range rep.Idle {
 		if i.Err != nil || i.Held != 3 {
 			t.Errorf("idle %s: %d held: %v", i.Transport, i.Held, i.Err)
+		}
+		if want := map[bool]int{false: cfg.Rounds - 1, true: 0}[i.GRPC]; len(i.SetupMore) != want {
+			t.Errorf("idle %s (gRPC %v): %d more set-up loops, want %d", i.Transport, i.GRPC, len(i.SetupMore), want)
 		}
 		kind := "raw"
 		if i.GRPC {
@@ -170,5 +173,23 @@ func BenchmarkStream(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestSetupMedian(t *testing.T) {
+	for _, tc := range []struct {
+		first time.Duration
+		more  []time.Duration
+		want  time.Duration
+	}{
+		{5, nil, 5},
+		{5, []time.Duration{1, 9}, 5},
+		{9, []time.Duration{1, 2}, 2},
+		{1, []time.Duration{7, 8, 9, 2}, 7},
+	} {
+		r := IdleResult{Setup: tc.first, SetupMore: tc.more}
+		if got := r.SetupMedian(); got != tc.want {
+			t.Errorf("median of %v and %v: %v, want %v", tc.first, tc.more, got, tc.want)
+		}
 	}
 }

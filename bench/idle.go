@@ -37,6 +37,10 @@ type IdleResult struct {
 	Held  int           // connections established, both ends
 	Err   error         // why fewer than Want were held
 	Setup time.Duration // to establish Held connections
+	// SetupMore are the set-up times of the further loops of raw
+	// connections the bench ran, interleaved with the other transport's
+	// (Run): with Setup, the median is what is judged.
+	SetupMore []time.Duration
 	// RSS growth per connection of the client and of the server process
 	// (after a GC that returns freed memory).
 	RSSClient, RSSServer float64
@@ -457,6 +461,13 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool, aft
 		res.Parked = float64(parks(dialed)+later.parks-before.parks) / (2 * h)
 	}
 	return res
+}
+
+// SetupMedian is the median of Setup and SetupMore.
+func (r *IdleResult) SetupMedian() time.Duration {
+	all := append([]time.Duration{r.Setup}, r.SetupMore...)
+	slices.Sort(all)
+	return all[len(all)/2]
 }
 
 // dialSteps is the median of took, and of each set-up step the

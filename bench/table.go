@@ -286,9 +286,14 @@ func (r *Report) idleGoals() []Goal {
 			kind = "gRPC"
 		}
 		if tcp.Setup > 0 && rdma.Setup > 0 {
-			x := float64(rdma.Setup) / float64(tcp.Setup)
-			gs = append(gs, Goal{fmt.Sprintf("%s set-up of %s connections in a loop ≤ 2× TCP's (issue 16)", kind, thousands(float64(rdma.Want))),
-				fmt.Sprintf("%.2f× (%v against %v)", x, rdma.Setup.Round(time.Millisecond), tcp.Setup.Round(time.Millisecond)), x <= 2})
+			rm, tm := rdma.SetupMedian(), tcp.SetupMedian()
+			x := float64(rm) / float64(tm)
+			got := fmt.Sprintf("%.2f× (%v against %v)", x, rm.Round(time.Millisecond), tm.Round(time.Millisecond))
+			if k := len(rdma.SetupMore) + 1; k > 1 && len(tcp.SetupMore)+1 == k {
+				got = fmt.Sprintf("%.2f× (medians of %d loops, interleaved: %v against %v; the first %v against %v)", x, k,
+					rm.Round(time.Millisecond), tm.Round(time.Millisecond), rdma.Setup.Round(time.Millisecond), tcp.Setup.Round(time.Millisecond))
+			}
+			gs = append(gs, Goal{fmt.Sprintf("%s set-up of %s connections in a loop ≤ 2× TCP's (issue 16)", kind, thousands(float64(rdma.Want))), got, x <= 2})
 		}
 		if !gRPC {
 			gs = append(gs, Goal{"RSS per idle raw connection end ≤ 8 KiB registered + 4 KiB (issue 16)" + at,
