@@ -167,11 +167,12 @@ func (d *device) heldCtl() []uint64 {
 	}
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
-	held := make([]uint64, 0, len(d.keptCtl))
-	for _, k := range d.keptCtl {
-		held = append(held, k.key.ino)
+	ks := d.keptCtl[:min(len(d.keptCtl), maxHeld)]
+	held := make([]uint64, len(ks))
+	for i, k := range ks {
+		held[i] = k.key.ino
 	}
-	return held[:min(len(held), maxHeld)]
+	return held
 }
 
 // pinCtl takes a reference on each control mapping d keeps, so that the
@@ -183,11 +184,12 @@ func (d *device) pinCtl() []kept[fileKey] {
 	}
 	d.arenaMu.Lock()
 	defer d.arenaMu.Unlock()
-	pins := make([]kept[fileKey], len(d.keptCtl))
-	for i, k := range d.keptCtl {
+	ks := d.keptCtl[:min(len(d.keptCtl), maxHeld)]
+	pins := make([]kept[fileKey], len(ks))
+	for i, k := range ks {
 		pins[i] = kept[fileKey]{k.key, k.m.retain()}
 	}
-	return pins[:min(len(pins), maxHeld)]
+	return pins
 }
 
 // findCtl returns a reference on the mapping of each file named by
