@@ -292,7 +292,6 @@ func (c *cq) Wait(ctx context.Context) error {
 	}
 }
 
-// share returns a dup of the header's arena fd and the header's place in it.
 // place returns the inode of the arena of the CQ header and its place there.
 func (c *cq) place() (ino, off uint64, err error) {
 	c.mu.Lock()
@@ -304,6 +303,7 @@ func (c *cq) place() (ino, off uint64, err error) {
 	return ino, off, nil
 }
 
+// share returns a dup of the header's arena fd and the header's place in it.
 func (c *cq) share() (fd int, off uint64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

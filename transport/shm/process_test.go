@@ -27,15 +27,8 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	if os.Getenv(peerEnv) == "named" {
-		if err := namedPeer(); err != nil {
-			fmt.Fprintln(os.Stderr, "peer:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	if os.Getenv(peerEnv) == "echo" {
-		if err := echoPeer(); err != nil {
+	if peer, ok := map[string]func() error{"echo": echoPeer, "named": namedPeer}[os.Getenv(peerEnv)]; ok {
+		if err := peer(); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)
 			os.Exit(1)
 		}

@@ -172,7 +172,7 @@ func (q *qp) info(addr net.Addr, private []byte) *qpInfo {
 // shareCtl notes in info the places of the QP ring and of the receive CQ
 // header in their arenas, and hands the peer the files it maps (MR
 // table, those two arenas): by name (ctlNamed) when held, the inodes the
-// peer said it keeps mapped, lists them all, else as descriptors, dups
+// peer said it keeps mapped, lists all three; else as descriptors, dups
 // the caller closes after sending.
 func (q *qp) shareCtl(info *qpInfo, held []uint64) ([]int, error) {
 	ringIno, off := q.seg.place()
