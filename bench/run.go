@@ -180,10 +180,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 					kind = "gRPC"
 				}
 				cfg.logf("idle: %d %s %s connections\n", n, kind, t.name)
-				if t.name == RDMA && cfg.IdleAfter > 0 {
-					t = rdma(append(slices.Clone(cfg.ConnOptions), conn.WithIdleShrink(cfg.IdleAfter))...)
-				}
-				rep.Idle = append(rep.Idle, idle(ctx, t, cfg.Provider, n, gRPC, cfg.IdleAfter))
+				rep.Idle = append(rep.Idle, idle(ctx, cfg.idleNetwork(t), cfg.Provider, n, gRPC, cfg.IdleAfter))
 			}
 		}
 	}
@@ -195,10 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, n := range cfg.Idle {
 			for _, t := range rotate([]network{ts[0], ts[2]}, round) {
 				cfg.logf("set-up loop %d/%d: %d raw %s connections\n", round+1, cfg.Rounds, n, t.name)
-				if t.name == RDMA && cfg.IdleAfter > 0 { // as in the first loop
-					t = rdma(append(slices.Clone(cfg.ConnOptions), conn.WithIdleShrink(cfg.IdleAfter))...)
-				}
-				r := idle(ctx, t, cfg.Provider, n, false, 0)
+				r := idle(ctx, cfg.idleNetwork(t), cfg.Provider, n, false, 0)
 				if r.Err != nil {
 					continue
 				}
@@ -223,6 +217,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 // rotate starts round r at a different network, so that none is always
 // measured first (or right after another).
+// idleNetwork is t as the idle connections use it: rdmagrpc's with
+// WithIdleShrink set to the idle time, where there is one.
+func (cfg *Config) idleNetwork(t network) network {
+	if t.name == RDMA && cfg.IdleAfter > 0 {
+		return rdma(append(slices.Clone(cfg.ConnOptions), conn.WithIdleShrink(cfg.IdleAfter))...)
+	}
+	return t
+}
+
 func rotate[T any](s []T, r int) []T {
 	r %= len(s)
 	return append(slices.Clone(s[r:]), s[:r]...)
