@@ -28,7 +28,8 @@ type Conn struct {
 	id       uint64
 	span     trace.Span
 	// ctx carries span and nothing else: the dial context may be
-	// cancelled or carry values the connection must not keep alive.
+	// cancelled or carry values the connection must not keep alive. Made
+	// only when rec: it is the parent of child spans alone.
 	ctx context.Context
 	// rec: the connection span records, so child spans are worth making.
 	rec   bool
@@ -57,14 +58,14 @@ func (s *Set) StartConn(ctx context.Context, role string, id uint64, provider, p
 		semconv.NetworkTransportKey.String(Transport)))
 	c := &Conn{
 		set: s, role: role, provider: provider, id: id, span: span,
-		ctx:   trace.ContextWithSpan(context.Background(), span),
 		rec:   span.IsRecording(),
 		stall: s.stallServer,
 	}
 	if role == Client {
 		c.stall = s.stallClient
 	}
-	if c.rec { // attrs go on child spans, made only when this one records
+	if c.rec { // child spans and their attrs, made only when this one records
+		c.ctx = trace.ContextWithSpan(context.Background(), span)
 		c.attrs = []attribute.KeyValue{KeyConnID.Int64(int64(id))}
 	}
 	return c

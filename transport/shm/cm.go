@@ -167,6 +167,7 @@ func (d *device) Listen(addr string) (transport.Listener, error) {
 		}
 	}
 	l := &listener{
+		uid:     os.Geteuid(),
 		dev:     d,
 		ul:      ul,
 		addr:    &Addr{IP: ip, Port: port},
@@ -193,6 +194,7 @@ type listener struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+	uid       int // the effective uid at Listen: without a check, the only one admitted
 
 	mu        sync.Mutex
 	pending   map[*net.UnixConn]bool // connections still in handshake
@@ -413,8 +415,8 @@ func (l *listener) checkPeer(cred *unix.Ucred) error {
 	check := l.peerCheck
 	l.mu.Unlock()
 	if check == nil {
-		if uid := os.Geteuid(); int(cred.Uid) != uid {
-			return fmt.Errorf("uid %d is not the listener's (%d)", cred.Uid, uid)
+		if int(cred.Uid) != l.uid {
+			return fmt.Errorf("uid %d is not the listener's (%d)", cred.Uid, l.uid)
 		}
 		return nil
 	}
@@ -599,7 +601,7 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if err != nil {
 		return nil, err
 	}
-	return d.connectOn(ctx, c, addr, ip, port, cfg, private)
+	return d.connectOn(ctx, c, nil, addr, ip, port, cfg, private)
 }
 
 // checkPrivate refuses a connect request's private data beyond maxPrivate.
@@ -628,13 +630,13 @@ func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *net.UnixConn,
 }
 
 // connectOn sets up a connection over c, a socket connected to the
-// listener of addr.
-func (d *device) connectOn(ctx context.Context, c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+// listener of addr; cred, if known, is c's peer's.
+func (d *device) connectOn(ctx context.Context, c *net.UnixConn, cred *unix.Ucred, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.QP, error) {
 	q, err := d.sendConnect(c, addr, ip, port, cfg, private)
 	if err != nil {
 		return nil, err
 	}
-	if err := q.awaitAccept(ctx, time.Time{}, c, addr, nil); err != nil {
+	if err := q.awaitAccept(ctx, time.Time{}, c, cred, addr, nil); err != nil {
 		q.Close()
 		return nil, err
 	}
@@ -687,7 +689,7 @@ func (d *device) sendConnect(c *net.UnixConn, addr string, ip netip.Addr, port i
 // it too. A caller with a deadline and a ctx that cannot end
 // (Background) costs no context, timer or callback of its own: the
 // socket's deadline does it.
-func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixConn, addr string, e *earlyDial) error {
+func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixConn, cred *unix.Ucred, addr string, e *earlyDial) error {
 	fail := func(err error) error {
 		c.Close()
 		return fmt.Errorf("shm: connect to %s: %w", addr, err)
@@ -766,8 +768,12 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 	}
 	pins := q.unpin()
 	defer releaseKept(pins)
-	// Who answered, by the kernel's word, not the peer's.
-	cred, cerr := peerCred(c)
+	// Who answered, by the kernel's word, not the peer's: SO_PEERCRED of
+	// a connected socket is fixed at connect, so the caller may know it.
+	var cerr error
+	if cred == nil {
+		cred, cerr = peerCred(c)
+	}
 	same := cerr == nil && int(cred.Pid) == ownPID
 	var p *peer
 	if info.flags&ctlNamed != 0 && len(rfds) == 0 {
@@ -803,17 +809,15 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 // dialShm connects to the listener for ip:port, or to a wildcard listener
 // on that port when ip is an address of this host.
 func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error) {
-	names := []string{sockName(ip, port)}
-	if !ip.IsUnspecified() { // a local address (Connect checked)
-		names = append(names, sockName(netip.IPv4Unspecified(), port))
-	}
+	// The second name is made only when the first has no listener.
+	other := netip.IPv4Unspecified() // for a local address (Connect checked)
 	if ip.IsUnspecified() {
-		names = append(names, sockName(netip.AddrFrom4([4]byte{127, 0, 0, 1}), port))
+		other = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	}
 	var d net.Dialer
 	var last error
-	for _, n := range names {
-		c, err := d.DialContext(ctx, "unixpacket", n)
+	for _, a := range [2]netip.Addr{ip, other} {
+		c, err := d.DialContext(ctx, "unixpacket", sockName(a, port))
 		if err == nil {
 			return c.(*net.UnixConn), nil
 		}

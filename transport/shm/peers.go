@@ -142,7 +142,7 @@ func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, 
 		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
 	h := &preDialed{c: c}
-	dd := &dialDevice{device: child, pre: h, addr: addr, ip: ip, port: port}
+	dd := &dialDevice{device: child, pre: h, cred: cred, addr: addr, ip: ip, port: port}
 	// A dial given up before Connect leaves its socket to the collector.
 	runtime.AddCleanup(dd, func(h *preDialed) {
 		if c := h.take(); c != nil {
@@ -170,6 +170,7 @@ func (h *preDialed) take() *net.UnixConn {
 type dialDevice struct {
 	*device
 	pre  *preDialed
+	cred *unix.Ucred // of the socket's peer: the answer comes over it
 	addr string
 	ip   netip.Addr
 	port int
@@ -183,7 +184,7 @@ func (dd *dialDevice) Connect(ctx context.Context, addr string, cfg transport.QP
 	if err != nil {
 		return nil, err
 	}
-	return dd.device.connectOn(ctx, c, addr, dd.ip, dd.port, cfg, private)
+	return dd.device.connectOn(ctx, c, dd.cred, addr, dd.ip, dd.port, cfg, private)
 }
 
 // ConnectEarly implements transport.EarlyConnector: it returns once the
@@ -194,7 +195,7 @@ func (dd *dialDevice) ConnectEarly(ctx context.Context, addr string, cfg transpo
 	if err != nil {
 		return nil, err
 	}
-	return dd.device.sendEarly(c, addr, dd.ip, dd.port, cfg, private)
+	return dd.device.sendEarly(c, dd.cred, addr, dd.ip, dd.port, cfg, private)
 }
 
 // ConnectEarly implements transport.EarlyConnector on a device that did
@@ -207,16 +208,17 @@ func (d *device) ConnectEarly(ctx context.Context, addr string, cfg transport.QP
 	if err != nil {
 		return nil, err
 	}
-	return d.sendEarly(c, addr, ip, port, cfg, private)
+	return d.sendEarly(c, nil, addr, ip, port, cfg, private)
 }
 
-// sendEarly sends the connect request over c and returns its QP.
-func (d *device) sendEarly(c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
+// sendEarly sends the connect request over c and returns its QP; cred,
+// if known, is c's peer's.
+func (d *device) sendEarly(c *net.UnixConn, cred *unix.Ucred, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
 	q, err := d.sendConnect(c, addr, ip, port, cfg, private)
 	if err != nil {
 		return nil, err
 	}
-	q.early.Store(&earlyDial{c: c, addr: addr})
+	q.early.Store(&earlyDial{c: c, cred: cred, addr: addr})
 	return q, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -311,6 +313,9 @@ func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
 		q.rqPosted++
 		n++
 	}
+	if n > 0 {
+		q.ring.publish(q.rqPosted)
+	}
 	flushed := q.claimForFlushLocked()
 	q.recvMu.Unlock()
 	if flushed {
@@ -562,6 +567,7 @@ func (q *qp) drainRecv() {
 // kept, for its error; one that succeeded is dropped.
 type earlyDial struct {
 	c    *net.UnixConn
+	cred *unix.Ucred // c's peer's, when the dial knew it (DeviceFor)
 	addr string
 	wg   sync.WaitGroup // a wait that started
 
@@ -600,7 +606,7 @@ func (q *qp) establish(ctx context.Context, deadline time.Time) error {
 	e.waiting = true
 	e.wg.Add(1)
 	e.mu.Unlock()
-	err := q.awaitAccept(ctx, deadline, e.c, e.addr, e)
+	err := q.awaitAccept(ctx, deadline, e.c, e.cred, e.addr, e)
 	e.mu.Lock()
 	e.err = err
 	e.mu.Unlock()

@@ -116,18 +116,23 @@ func (r ring) sges(i uint64, dst []transport.SGE) []transport.SGE {
 	return dst
 }
 
-// post writes a receive's scatter list into slot i (owner side).
+// post writes a receive's scatter list into slot i (owner side); publish
+// makes the slots before n visible to the peer. The peer reads a slot
+// only below posted, after its atomic load, so plain stores suffice here:
+// a new connection posts dozens of receives, and locked stores for each
+// field of each were a µs of every set-up.
 func (r ring) post(i uint64, sg []transport.SGE) {
 	off := r.slot(i)
-	atomic.StoreUint32(word32(r.mem, off+slNSGE), uint32(len(sg)))
+	*word32(r.mem, off+slNSGE) = uint32(len(sg))
 	for k, s := range sg {
 		o := off + slSGEs + k*sgeSize
-		atomic.StoreUint64(word64(r.mem, o), s.Addr)
-		atomic.StoreUint32(word32(r.mem, o+8), s.Length)
-		atomic.StoreUint32(word32(r.mem, o+12), s.LKey)
+		*word64(r.mem, o) = s.Addr
+		*word32(r.mem, o+8) = s.Length
+		*word32(r.mem, o+12) = s.LKey
 	}
-	atomic.StoreUint64(word64(r.mem, qpPosted), i+1)
 }
+
+func (r ring) publish(n uint64) { atomic.StoreUint64(word64(r.mem, qpPosted), n) }
 
 // complete writes the completion of slot i and publishes it (peer side).
 func (r ring) complete(i uint64, wc *transport.WorkCompletion) {
