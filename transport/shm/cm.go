@@ -581,7 +581,11 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	// of a gRPC connection's set-up on a 2-core VM, and the server's
 	// HTTP/2 settings, which the client waits for, one more wake-up of
 	// the dialer's.
-	if err := q.start(r.conn, p, r.info.private, transport.PrivateLenConnect); err != nil {
+	ns, err := newNetSock(r.conn)
+	if err == nil {
+		err = q.start(ns, p, r.info.private, transport.PrivateLenConnect)
+	}
+	if err != nil {
 		return fail(err)
 	}
 	return q, nil
@@ -614,7 +618,7 @@ func checkPrivate(addr string, private []byte) error {
 
 // dialAddr resolves addr, refuses another host's, and connects to its
 // listener's socket.
-func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *net.UnixConn, error) {
+func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *rawSock, error) {
 	ip, port, err := resolve(ctx, addr)
 	if err != nil {
 		return ip, 0, nil, err
@@ -631,7 +635,7 @@ func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *net.UnixConn,
 
 // connectOn sets up a connection over c, a socket connected to the
 // listener of addr; cred, if known, is c's peer's.
-func (d *device) connectOn(ctx context.Context, c *net.UnixConn, cred *unix.Ucred, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.QP, error) {
+func (d *device) connectOn(ctx context.Context, c sock, cred *unix.Ucred, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.QP, error) {
 	q, err := d.sendConnect(c, addr, ip, port, cfg, private)
 	if err != nil {
 		return nil, err
@@ -645,14 +649,14 @@ func (d *device) connectOn(ctx context.Context, c *net.UnixConn, cred *unix.Ucre
 
 // sendConnect makes the QP and sends the connect request over c, which
 // it closes on error.
-func (d *device) sendConnect(c *net.UnixConn, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (*qp, error) {
+func (d *device) sendConnect(c sock, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (*qp, error) {
 	q, err := d.newQP(cfg)
 	if err != nil {
-		c.Close()
+		c.close()
 		return nil, err
 	}
 	fail := func(err error) (*qp, error) {
-		c.Close()
+		c.close()
 		q.Close()
 		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
@@ -674,24 +678,44 @@ func (d *device) sendConnect(c *net.UnixConn, addr string, ip netip.Addr, port i
 	if err != nil {
 		return fail(err)
 	}
-	err = writeMsg(c, myInfo.encode(msgConnect), fds...)
+	err = c.send(myInfo.encode(msgConnect), fds...)
 	closeFDs(fds)
 	if err != nil {
 		return fail(err)
 	}
+	q.sock = c
 	return q, nil
 }
 
-// awaitAccept reads the listener's answer on c and starts q; on error c
-// is closed and q is left for its owner to close. The read ends at
-// deadline (zero: none of the caller's) or with ctx, and in any case
-// after the set-up timeout; e, an early dial's wait, lets Disconnect end
-// it too. A caller with a deadline and a ctx that cannot end
-// (Background) costs no context, timer or callback of its own: the
-// socket's deadline does it.
-func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixConn, cred *unix.Ucred, addr string, e *earlyDial) error {
+// awaitAccept waits for the listener's answer on c, read by the socket
+// poller, and starts q; on error c is closed and q is left for its owner
+// to close. The wait ends at deadline (zero: none of the caller's) or
+// with ctx, and in any case after the set-up timeout; e, an early dial's
+// wait, lets Disconnect end it too.
+func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *unix.Ucred, addr string, e *earlyDial) error {
+	ch := make(chan sockMsg, 2) // the poller's message and end's
+	q.ansMu.Lock()
+	q.ans = ch
+	q.ansMu.Unlock()
+	q.awaiting.Store(true)
+	leave := func() {
+		q.ansMu.Lock()
+		q.ans = nil // a message read from now on is dropped
+		q.ansMu.Unlock()
+		for {
+			select {
+			case m := <-ch:
+				closeFDs(m.fds)
+				continue
+			default:
+			}
+			break
+		}
+		sockets.remove(q)
+	}
 	fail := func(err error) error {
-		c.Close()
+		leave()
+		c.close()
 		return fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
 	dl := time.Now().Add(setupTimeout)
@@ -702,32 +726,36 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 	if ctxHas && ctxDL.Before(dl) {
 		dl = ctxDL
 	}
-	c.SetReadDeadline(dl)
-	var stop func() bool
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, func() { c.SetReadDeadline(aLongTimeAgo) })
-	}
-	if e != nil && !e.startRead() {
-		if stop != nil {
-			stop()
-		}
+	if e != nil && !e.startRead(ch) {
 		return fail(net.ErrClosed)
 	}
-	buf := make([]byte, maxMsg)
-	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
-	b, rfds, err := readMsg(c, buf, oob)
-	if err == nil && b[0] == msgNeedFDs {
-		// The listener dropped the files our connect named.
-		closeFDs(rfds)
-		if err = q.sendFDs(c); err == nil {
-			b, rfds, err = readMsg(c, buf, oob)
+	t := time.NewTimer(time.Until(dl))
+	next := func() sockMsg {
+		if err := sockets.await(q); err != nil {
+			return sockMsg{err: err}
+		}
+		select {
+		case m := <-ch:
+			return m
+		case <-ctx.Done():
+			return sockMsg{err: ctx.Err()}
+		case <-t.C:
+			return sockMsg{err: os.ErrDeadlineExceeded}
 		}
 	}
-	ended := e != nil && e.stopRead()
-	if stop != nil {
-		stop()
+	m := next()
+	if m.err == nil && m.b[0] == msgNeedFDs {
+		// The listener dropped the files our connect named.
+		closeFDs(m.fds)
+		if err := q.sendFDs(c); err != nil {
+			m = sockMsg{err: err}
+		} else {
+			m = next()
+		}
 	}
-	c.SetReadDeadline(time.Time{})
+	t.Stop()
+	ended := e != nil && e.stopRead()
+	b, rfds, err := m.b, m.fds, m.err
 	if err != nil {
 		switch {
 		case ended:
@@ -735,7 +763,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		case ctx.Err() != nil:
 			return fail(ctx.Err())
 		case ctxHas && !time.Now().Before(ctxDL):
-			// The socket's deadline, ctx's, fired before ctx's own
+			// The set-up's deadline, ctx's, fired before ctx's own
 			// timer: callers read ctx.Err() to tell a time-out.
 			<-ctx.Done()
 			return fail(ctx.Err())
@@ -754,7 +782,8 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 		}
 		priv = transport.PadPrivate(priv, transport.PrivateLenReject)
 		q.shared = false // the listener closed what it was handed
-		c.Close()
+		leave()
+		c.close()
 		return &transport.RejectError{Addr: addr, Private: priv}
 	case msgAccept:
 	default:
@@ -772,7 +801,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 	// a connected socket is fixed at connect, so the caller may know it.
 	var cerr error
 	if cred == nil {
-		cred, cerr = peerCred(c)
+		cred, cerr = c.cred()
 	}
 	same := cerr == nil && int(cred.Pid) == ownPID
 	var p *peer
@@ -796,10 +825,16 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 	q.peer = p
 	if info.flags&acceptNoReady == 0 {
 		// A listener of an earlier version: it waits for this.
-		if err := writeMsg(c, []byte{msgReady}); err != nil {
+		if err := c.send([]byte{msgReady}); err != nil {
 			return fail(err)
 		}
 	}
+	// The socket is disarmed (one shot) since the answer: whatever came
+	// after it is served once start arms it for good.
+	q.ansMu.Lock()
+	q.ans = nil
+	q.ansMu.Unlock()
+	q.awaiting.Store(false)
 	if err := q.start(c, p, info.private, transport.PrivateLenAccept); err != nil {
 		return fail(err)
 	}
@@ -808,18 +843,20 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c *net.UnixCon
 
 // dialShm connects to the listener for ip:port, or to a wildcard listener
 // on that port when ip is an address of this host.
-func dialShm(ctx context.Context, ip netip.Addr, port int) (*net.UnixConn, error) {
+func dialShm(ctx context.Context, ip netip.Addr, port int) (*rawSock, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	// The second name is made only when the first has no listener.
 	other := netip.IPv4Unspecified() // for a local address (Connect checked)
 	if ip.IsUnspecified() {
 		other = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	}
-	var d net.Dialer
 	var last error
 	for _, a := range [2]netip.Addr{ip, other} {
-		c, err := d.DialContext(ctx, "unixpacket", sockName(a, port))
+		c, err := dialSock(sockName(a, port))
 		if err == nil {
-			return c.(*net.UnixConn), nil
+			return c, nil
 		}
 		last = err
 		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {

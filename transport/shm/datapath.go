@@ -368,7 +368,7 @@ func (q *qp) applyRespFail() {
 		q.deliver(f.slot, &transport.WorkCompletion{Status: f.st, Opcode: transport.WCRecv})
 	}
 	pr.ring.setErr()
-	writeMsg(q.conn, []byte{msgErrNote})
+	q.sock.send([]byte{msgErrNote})
 }
 
 // deliver publishes a receive completion into the responder's ring and CQ.
@@ -380,7 +380,7 @@ func (q *qp) deliver(slot uint64, wc *transport.WorkCompletion) {
 		// The responder's CQ overflowed (IBV_EVENT_CQ_ERR): its QP
 		// goes to ERROR, and it learns about it on its next Poll.
 		pr.ring.setErr()
-		writeMsg(q.conn, []byte{msgErrNote})
+		q.sock.send([]byte{msgErrNote})
 	}
 	q.notifyPeer()
 }
@@ -395,7 +395,7 @@ func (q *qp) notifyPeer() {
 		pr.localCQ.signal()
 		return
 	}
-	writeMsg(q.conn, []byte{msgWake})
+	q.sock.send([]byte{msgWake})
 }
 
 // localSegs resolves op's local scatter/gather list (or inline data).

@@ -401,15 +401,15 @@ func (q *qp) serveMemReq(b []byte) {
 	key := le32(b[17:])
 	m := q.dev.mrs.lookupLocal(key)
 	if m == nil || m.pd != q.pd || m.alloc.arena.id != id {
-		writeMsg(q.conn, encodeMemRep(req, false))
+		q.sock.send(encodeMemRep(req, false))
 		return
 	}
 	fd, err := dupArenaFD(id)
 	if err != nil {
-		writeMsg(q.conn, encodeMemRep(req, false))
+		q.sock.send(encodeMemRep(req, false))
 		return
 	}
-	writeMsg(q.conn, encodeMemRep(req, true), fd)
+	q.sock.send(encodeMemRep(req, true), fd)
 	unix.Close(fd)
 }
 
@@ -484,7 +484,7 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 	default:
 	}
 	memfdRequests.Add(1)
-	if err := writeMsg(q.conn, encodeMemReq(req, e.memfdID, e.key)); err != nil {
+	if err := q.sock.send(encodeMemReq(req, e.memfdID, e.key)); err != nil {
 		return nil, fmt.Errorf("%w: request memfd: %v", errMemfd, err)
 	}
 	t := time.NewTimer(5 * time.Second)

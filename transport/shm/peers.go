@@ -132,13 +132,13 @@ func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, 
 	if err != nil {
 		return nil, err
 	}
-	cred, err := peerCred(c)
+	cred, err := c.cred()
 	var child *device
 	if err == nil {
 		child, err = d.child(peerOf(cred))
 	}
 	if err != nil {
-		c.Close()
+		c.close()
 		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
 	h := &preDialed{c: c}
@@ -146,7 +146,7 @@ func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, 
 	// A dial given up before Connect leaves its socket to the collector.
 	runtime.AddCleanup(dd, func(h *preDialed) {
 		if c := h.take(); c != nil {
-			c.Close()
+			c.close()
 		}
 	}, h)
 	return dd, nil
@@ -154,11 +154,11 @@ func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, 
 
 // preDialed is a socket connected by DeviceFor, taken once by Connect.
 type preDialed struct {
-	c     *net.UnixConn
+	c     *rawSock
 	taken atomic.Bool
 }
 
-func (h *preDialed) take() *net.UnixConn {
+func (h *preDialed) take() *rawSock {
 	if h.taken.Swap(true) {
 		return nil
 	}
@@ -213,7 +213,7 @@ func (d *device) ConnectEarly(ctx context.Context, addr string, cfg transport.QP
 
 // sendEarly sends the connect request over c and returns its QP; cred,
 // if known, is c's peer's.
-func (d *device) sendEarly(c *net.UnixConn, cred *unix.Ucred, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
+func (d *device) sendEarly(c sock, cred *unix.Ucred, addr string, ip netip.Addr, port int, cfg transport.QPConfig, private []byte) (transport.EarlyQP, error) {
 	q, err := d.sendConnect(c, addr, ip, port, cfg, private)
 	if err != nil {
 		return nil, err
@@ -223,14 +223,14 @@ func (d *device) sendEarly(c *net.UnixConn, cred *unix.Ucred, addr string, ip ne
 }
 
 // take hands the pre-dialed socket to the one connection to addr.
-func (dd *dialDevice) take(addr string, private []byte) (*net.UnixConn, error) {
+func (dd *dialDevice) take(addr string, private []byte) (*rawSock, error) {
 	if err := checkPrivate(addr, private); err != nil {
 		return nil, err
 	}
 	c := dd.pre.take()
 	if c == nil || addr != dd.addr {
 		if c != nil {
-			c.Close()
+			c.close()
 		}
 		return nil, fmt.Errorf("shm: connect to %s: this device was prepared for one dial to %s", addr, dd.addr)
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,7 +55,7 @@ type qp struct {
 	memReqID uint64
 
 	peer   *peer // set before start, then read-only (its maps: sendMu)
-	conn   *net.UnixConn
+	sock   sock  // the connection's socket, from start (a dialer's: from its request)
 	local  net.Addr
 	remote net.Addr
 	// peerPriv: the peer's private data as it sent it; PeerPrivate pads
@@ -64,11 +63,16 @@ type qp struct {
 	// copy kept for the connection's life cost a client end 200 B).
 	peerPriv []byte
 
-	sockRC      syscall.RawConn         // conn's, for the socket poller
-	sockFD      int                     // conn's descriptor while watched (sockets.mu)
+	sockFD      int                     // sock's descriptor while watched (sockets.mu)
 	sockID      int32                   // its registration with the socket poller (sockets.mu)
 	peerPrivLen uint8                   // (here, not by peerPriv: it fills sockID's padding)
 	memW        atomic.Pointer[memWait] // a memfd request's, made at the first (peer.go)
+	// answer: while a dialer waits for the listener's answer, the
+	// socket poller hands it each message here instead of serving it
+	// (awaitAccept).
+	awaiting atomic.Bool
+	ansMu    sync.Mutex
+	ans      chan sockMsg // nil once the waiter left
 	// The retry timer and kicks run service on a goroutine of their own,
 	// only while there is something to do: an idle QP has none.
 	kicking   atomic.Bool
@@ -216,13 +220,13 @@ func (q *qp) dupCtl() ([]int, error) {
 }
 
 // sendFDs answers msgNeedFDs: the descriptors the connect named.
-func (q *qp) sendFDs(c *net.UnixConn) error {
+func (q *qp) sendFDs(s sock) error {
 	fds, err := q.dupCtl()
 	if err != nil {
 		return err
 	}
 	defer closeFDs(fds)
-	return writeMsg(c, []byte{msgFDs}, fds...)
+	return s.send([]byte{msgFDs}, fds...)
 }
 
 // pinned keeps pins (pinCtl) until the listener's answer (unpin) or Close.
@@ -241,15 +245,11 @@ func (q *qp) unpin() []kept[fileKey] {
 	return pins
 }
 
-// start hands the connection's socket to the socket poller.
-func (q *qp) start(conn *net.UnixConn, p *peer, peerPriv []byte, padTo uint8) error {
-	q.conn, q.peer, q.peerPriv, q.peerPrivLen = conn, p, peerPriv, padTo
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("shm: connection socket: %w", err)
-	}
-	q.sockRC = rc
-	if err := sockets.add(q); err != nil {
+// start hands the connection's socket to the socket poller (a dialer's
+// is there already, waiting for the answer: it is served from now on).
+func (q *qp) start(s sock, p *peer, peerPriv []byte, padTo uint8) error {
+	q.sock, q.peer, q.peerPriv, q.peerPrivLen = s, p, peerPriv, padTo
+	if err := sockets.serve(q); err != nil {
 		return err
 	}
 	q.started = true
@@ -448,7 +448,7 @@ func (q *qp) hangupOnce() {
 	q.progress()
 	q.sendMu.Unlock()
 	sockets.remove(q)
-	q.conn.Close()
+	q.sock.close()
 	// Unconditionally: a peer may have disarmed a queue and sent a wake-up
 	// this reader will never read.
 	q.scq.signal()
@@ -481,7 +481,7 @@ func (q *qp) Disconnect() error {
 		return nil
 	default:
 	}
-	writeMsg(q.conn, []byte{msgDisconnect})
+	q.sock.send([]byte{msgDisconnect})
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
@@ -566,16 +566,17 @@ func (q *qp) drainRecv() {
 // answer: Established runs it, Disconnect ends it. A wait that failed is
 // kept, for its error; one that succeeded is dropped.
 type earlyDial struct {
-	c    *net.UnixConn
+	c    sock
 	cred *unix.Ucred // c's peer's, when the dial knew it (DeviceFor)
 	addr string
 	wg   sync.WaitGroup // a wait that started
 
 	mu      sync.Mutex
-	waiting bool  // a wait started
-	ended   bool  // Disconnect ran: no wait may start
-	reading bool  // the wait reads the answer: end makes the read fail
-	err     error // the wait's outcome, once wg is done
+	waiting bool         // a wait started
+	ended   bool         // Disconnect ran: no wait may start
+	reading bool         // the wait reads the answer: end makes the read fail
+	ch      chan sockMsg // where the answer comes, while reading
+	err     error        // the wait's outcome, once wg is done
 }
 
 // Established implements transport.EarlyQP. A QP of Connect or Accept is
@@ -617,11 +618,12 @@ func (q *qp) establish(ctx context.Context, deadline time.Time) error {
 	return err
 }
 
-// startRead marks the answer's read begun, unless Disconnect came first.
-func (e *earlyDial) startRead() bool {
+// startRead marks the answer's wait begun on ch, unless Disconnect came
+// first.
+func (e *earlyDial) startRead(ch chan sockMsg) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.reading = !e.ended
+	e.reading, e.ch = !e.ended, ch
 	return e.reading
 }
 
@@ -642,14 +644,17 @@ func (e *earlyDial) end() {
 	e.ended = true
 	waiting := e.waiting
 	if e.reading {
-		// Under mu, so the read sees it or has not begun (startRead
+		// Under mu, so the wait sees it or has not begun (startRead
 		// then refuses): it fails now rather than at its deadline.
-		e.c.SetReadDeadline(aLongTimeAgo)
+		select {
+		case e.ch <- sockMsg{err: net.ErrClosed}:
+		default: // the answer is there, unread: the wait ends anyway
+		}
 	}
 	e.mu.Unlock()
 	if !waiting {
 		if first {
-			e.c.Close()
+			e.c.close()
 		}
 		return
 	}

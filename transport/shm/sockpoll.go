@@ -1,8 +1,10 @@
 package shm
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"syscall"
@@ -30,11 +32,31 @@ type sockPoller struct {
 
 var sockets sockPoller
 
-// add registers q's socket; q.readSocket then runs on the poller
-// goroutine whenever it is readable.
-func (p *sockPoller) add(q *qp) error {
+// serve has q.readSocket run on the poller goroutine whenever q's socket
+// is readable: q's registration is made, or, when await made it, armed
+// for good.
+func (p *sockPoller) serve(q *qp) error {
+	return p.watch(q, unix.EPOLLIN|unix.EPOLLRDHUP)
+}
+
+// await has the poller read the next message on q's socket (readSocket
+// hands it to q.answer) and then leave the socket alone until serve or
+// another await: one shot, so that a socket whose answer waits for its
+// reader is not reported again meanwhile.
+func (p *sockPoller) await(q *qp) error {
+	return p.watch(q, unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLONESHOT)
+}
+
+func (p *sockPoller) watch(q *qp, events uint32) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if q.sockID != 0 && p.qps[q.sockID] == q {
+		ev := unix.EpollEvent{Events: events, Fd: q.sockID}
+		if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, q.sockFD, &ev); err != nil {
+			return fmt.Errorf("shm: watch connection socket: %w", os.NewSyscallError("epoll_ctl", err))
+		}
+		return nil
+	}
 	if p.file == nil {
 		fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 		if err != nil {
@@ -60,14 +82,14 @@ func (p *sockPoller) add(q *qp) error {
 		}
 	}
 	p.nextID = id + 1
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: id}
+	ev := unix.EpollEvent{Events: events, Fd: id}
 	var cerr error
-	err := q.sockRC.Control(func(fd uintptr) {
-		cerr = unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev)
-		q.sockFD = int(fd)
+	err := q.sock.control(func(fd int) {
+		cerr = unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+		q.sockFD = fd
 	})
-	if err == nil {
-		err = cerr
+	if err == nil && cerr != nil {
+		err = os.NewSyscallError("epoll_ctl", cerr)
 	}
 	if err != nil {
 		return fmt.Errorf("shm: watch connection socket: %w", err)
@@ -148,26 +170,21 @@ func (p *sockPoller) loop() {
 }
 
 // readSocket serves every message waiting on q's socket; on end of file
-// or an error the peer is gone.
+// or an error the peer is gone. While a dialer waits for the answer, it
+// hands over the one message instead (await).
 func (q *qp) readSocket(buf, oob []byte) {
 	for {
-		var (
-			n, oobn int
-			rerr    error
-		)
-		err := q.sockRC.Read(func(fd uintptr) bool {
-			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
-			return true // never wait here: the poller waits for every socket
-		})
-		if err == nil {
-			err = rerr
-		}
+		n, oobn, flags, err := q.sock.recv(buf, oob)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
 			return
 		}
 		var fds []int
 		if err == nil && oobn > 0 {
 			fds = parseRights(oob[:oobn])
+		}
+		if q.awaiting.Load() {
+			q.handAnswer(newSockMsg(buf[:n], fds, flags, len(oob), err))
+			return
 		}
 		if err != nil || n == 0 {
 			closeFDs(fds)
@@ -177,5 +194,46 @@ func (q *qp) readSocket(buf, oob []byte) {
 		if !q.serveMsg(buf[:n], fds) {
 			return
 		}
+	}
+}
+
+// sockMsg is a message read for a waiter (awaitAccept).
+type sockMsg struct {
+	b   []byte
+	fds []int
+	err error
+}
+
+// newSockMsg keeps a copy of b, or the error of its read: the end of the
+// file when b is empty, errRightsCut when descriptors were cut off.
+func newSockMsg(b []byte, fds []int, flags, oobLen int, err error) sockMsg {
+	switch {
+	case err != nil:
+	case len(b) == 0:
+		err = io.EOF
+	case flags&unix.MSG_CTRUNC != 0:
+		err = errRightsCut
+		if len(fds) >= (oobLen-unix.CmsgSpace(0))/4 {
+			err = errTooManyRights
+		}
+	}
+	if err != nil {
+		closeFDs(fds)
+		return sockMsg{err: err}
+	}
+	return sockMsg{b: bytes.Clone(b), fds: fds}
+}
+
+// handAnswer hands m to the dialer waiting for the answer, or drops it
+// when the waiter left. It never blocks the poller: the socket is armed
+// for one message at a time (await), and the channel has room for it and
+// for an early dial's end.
+func (q *qp) handAnswer(m sockMsg) {
+	q.ansMu.Lock()
+	defer q.ansMu.Unlock()
+	select {
+	case q.ans <- m: // a nil channel (the waiter left) is never ready
+	default:
+		closeFDs(m.fds)
 	}
 }
