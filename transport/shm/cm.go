@@ -146,9 +146,9 @@ func (d *device) Listen(addr string) (transport.Listener, error) {
 	if !isLocal(ip) {
 		return nil, errNotLocal("listen on", addr, ip)
 	}
-	var ul *net.UnixListener
+	var ul *os.File
 	if port != 0 {
-		ul, err = listenUnix(sockName(ip, port))
+		ul, err = listenSock(sockName(ip, port))
 		if err != nil {
 			return nil, fmt.Errorf("shm: listen on %s: %w", addr, err)
 		}
@@ -157,7 +157,7 @@ func (d *device) Listen(addr string) (transport.Listener, error) {
 		// abstract name is free.
 		for range 1000 {
 			port = portLo + rand.IntN(portHi-portLo+1)
-			ul, err = listenUnix(sockName(ip, port))
+			ul, err = listenSock(sockName(ip, port))
 			if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
 				break
 			}
@@ -180,13 +180,30 @@ func (d *device) Listen(addr string) (transport.Listener, error) {
 	return l, nil
 }
 
-func listenUnix(name string) (*net.UnixListener, error) {
-	return net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
+// listenSock makes the listening socket of name. It is a file, not a
+// listener of Go's net: its connections are taken as descriptors of our
+// own (acceptLoop), which a net.Listener cannot give, and a file's
+// descriptor can still be waited for in Go's netpoller.
+func listenSock(name string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, os.NewSyscallError("socket", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: name}); err != nil {
+		unix.Close(fd)
+		return nil, os.NewSyscallError("bind", err)
+	}
+	// The kernel caps the backlog at net.core.somaxconn.
+	if err := unix.Listen(fd, 1<<16-1); err != nil {
+		unix.Close(fd)
+		return nil, os.NewSyscallError("listen", err)
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 type listener struct {
 	dev       *device
-	ul        *net.UnixListener
+	ul        *os.File // the listening socket (listenSock)
 	addr      *Addr
 	reqs      chan *connReq
 	handle    atomic.Pointer[func(transport.ConnRequest)] // HandleRequests; nil: queue for Accept
@@ -206,71 +223,133 @@ type listener struct {
 
 func (l *listener) Addr() net.Addr { return l.addr }
 
+// acceptLoop accepts the sockets of connect requests as descriptors of
+// our own, outside Go's netpoller (see rawSock): only the listening
+// socket is waited for there.
 func (l *listener) acceptLoop() {
 	defer l.wg.Done()
+	rc, err := l.ul.SyscallConn()
+	if err != nil {
+		logx.L().Error("rdmagrpc shm: listener stops", "listener", l.addr.String(), "err", err)
+		return
+	}
+	backoff := time.Duration(0)
 	for {
-		c, err := l.ul.AcceptUnix()
-		if err != nil {
-			return
+		var fd int
+		var aerr error
+		if err := rc.Read(func(lfd uintptr) bool {
+			fd, _, aerr = unix.Accept4(int(lfd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			return aerr != unix.EAGAIN
+		}); err != nil {
+			return // closed
 		}
-		l.mu.Lock()
-		if l.pending == nil {
-			l.pending = map[*net.UnixConn]bool{}
+		switch aerr {
+		case nil:
+			backoff = 0
+			l.wg.Add(1)
+			go l.handshake(&rawSock{fd: fd})
+		case unix.EINTR, unix.ECONNABORTED:
+		default:
+			// Out of descriptors or memory: the request stays queued and
+			// the socket readable, so wait a little before trying again,
+			// longer each time, rather than spin or give up the listener.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			if l.warnNow() {
+				logx.L().Warn("rdmagrpc shm: cannot accept connection requests (at most one such line a second)", "listener", l.addr.String(), "err", os.NewSyscallError("accept4", aerr))
+			}
+			select {
+			case <-l.done:
+				return
+			case <-time.After(backoff):
+			}
 		}
-		l.pending[c] = true
-		l.mu.Unlock()
-		l.wg.Add(1)
-		go l.handshake(c)
 	}
 }
 
-// handshake reads the connect request and hands it to Accept.
-func (l *listener) handshake(c *net.UnixConn) {
+// handshake reads the connect request and hands it to Accept. The
+// request is most often in the socket already; one that is not yet is
+// waited for with Go's netpoller and the set-up timeout, on a socket of
+// Go's net made from c.
+func (l *listener) handshake(c *rawSock) {
 	defer l.wg.Done()
-	handedOver := false
-	defer func() {
-		if !handedOver {
-			l.mu.Lock()
-			delete(l.pending, c)
-			l.mu.Unlock()
-		}
-	}()
-	l.mu.Lock()
 	select {
 	case <-l.done:
-		l.mu.Unlock()
-		c.Close()
+		c.close()
 		return
 	default:
 	}
-	c.SetReadDeadline(time.Now().Add(setupTimeout))
-	l.mu.Unlock()
 	buf := make([]byte, maxMsg)
 	oob := make([]byte, unix.CmsgSpace(4*infoFDs))
+	var (
+		s  sock          = c
+		nc *net.UnixConn // s's, once the handshake waits
+	)
+	// waitable makes s a socket that reads wait, within the set-up
+	// timeout, unless Close (which ends them) came first.
+	waitable := func() bool {
+		if nc != nil {
+			return true
+		}
+		conn, err := c.toNet()
+		if err != nil {
+			return false
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		select {
+		case <-l.done:
+			conn.Close()
+			return false
+		default:
+		}
+		if l.pending == nil {
+			l.pending = map[*net.UnixConn]bool{}
+		}
+		rc, err := conn.SyscallConn()
+		if err != nil {
+			conn.Close()
+			return false
+		}
+		l.pending[conn] = true
+		conn.SetReadDeadline(time.Now().Add(setupTimeout))
+		nc, s = conn, &netSock{c: conn, rc: rc}
+		return true
+	}
 	// handOver takes the socket out of the pending set: from then on
 	// Close leaves it (and its deadline) to whoever answers the request.
+	handedOver := false
 	handOver := func() {
-		l.mu.Lock()
-		delete(l.pending, c)
-		l.mu.Unlock()
+		if nc != nil && !handedOver {
+			l.mu.Lock()
+			delete(l.pending, nc)
+			l.mu.Unlock()
+			nc.SetReadDeadline(time.Time{})
+		}
 		handedOver = true
 	}
+	defer handOver()
 	// refuse answers with a reject that carries private (no descriptor
 	// of ours is handed over).
 	refuse := func(private []byte) {
 		handOver()
-		(&connReq{l: l, conn: c}).Reject(private)
+		(&connReq{l: l, s: s}).Reject(private)
 	}
-	b, fds, err := readMsg(c, buf, oob)
+	b, fds, err := recvMsg(c, buf, oob)
+	if errors.Is(err, unix.EAGAIN) {
+		if !waitable() {
+			return
+		}
+		b, fds, err = readMsg(nc, buf, oob)
+	}
 	cut := errors.Is(err, errRightsCut)
 	if (err != nil && !cut) || (err == nil && b[0] != msgConnect) {
 		closeFDs(fds)
-		c.Close()
+		s.close()
 		return
 	}
 	// Who asks first: a peer the listener does not admit learns nothing
 	// more than that, and costs no warning in the log.
-	cred, perr := peerCred(c)
+	cred, perr := s.cred()
 	if perr == nil {
 		perr = l.checkPeer(cred)
 	} else {
@@ -293,7 +372,7 @@ func (l *listener) handshake(c *net.UnixConn) {
 	info, err := decodeInfo(b)
 	if err != nil {
 		closeFDs(fds)
-		c.Close()
+		s.close()
 		return
 	}
 	peer := peerOf(cred)
@@ -305,21 +384,23 @@ func (l *listener) handshake(c *net.UnixConn) {
 		}
 		if !ok {
 			// Not (or no longer) held here: ask for them.
-			if fds, err = askFDs(c, buf, oob); err != nil {
-				c.Close()
+			if !waitable() {
+				return
+			}
+			if fds, err = askFDs(nc, buf, oob); err != nil {
+				s.close()
 				return
 			}
 		}
 	} else if len(fds) != infoFDs {
 		closeFDs(fds)
-		c.Close()
+		s.close()
 		return
 	}
 	// From here the socket may become a live QP's: Close must no longer
 	// touch its deadline, so it leaves the pending set first.
 	handOver()
-	c.SetReadDeadline(time.Time{})
-	r := &connReq{l: l, conn: c, info: info, fds: fds, maps: maps, cred: cred, peer: peer}
+	r := &connReq{l: l, s: s, info: info, fds: fds, maps: maps, cred: cred, peer: peer}
 	l.requestsRead.Add(1)
 	select {
 	case l.reqs <- r:
@@ -459,7 +540,7 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 // connReq is a connect request waiting for Accept or Reject.
 type connReq struct {
 	l    *listener
-	conn *net.UnixConn
+	s    sock
 	info qpInfo
 	// The dialer's control files: descriptors it passed, or the
 	// mappings of those it named (ctlNamed).
@@ -495,9 +576,9 @@ func (r *connReq) Reject(private []byte) error {
 	if r.used.Swap(true) {
 		return errors.New("shm: connection request already answered")
 	}
-	defer r.conn.Close()
+	defer r.s.close()
 	r.dropCtl()
-	if err := writeMsg(r.conn, rejectMsg(private)); err != nil {
+	if err := r.s.send(rejectMsg(private)); err != nil {
 		return fmt.Errorf("shm: reject: %w", err)
 	}
 	return nil
@@ -509,7 +590,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	}
 	if len(private) > maxPrivate {
 		r.dropCtl()
-		r.conn.Close()
+		r.s.close()
 		return nil, fmt.Errorf("shm: accept: %d bytes of private data, max %d: %w", len(private), maxPrivate, transport.ErrInvalidWR)
 	}
 	// The connection lives on the device its PD is from: the listener's,
@@ -521,16 +602,16 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	// Until our answer is sent, a failure is told to the dialer as a
 	// reject with its reason (out of descriptors, most often), not a bare
 	// close that it reads as an end of file.
-	refuse := func(err error) { writeMsg(r.conn, rejectMsg(listenerFailure(err))) }
+	refuse := func(err error) { r.s.send(rejectMsg(listenerFailure(err))) }
 	q, err := d.newQP(cfg)
 	if err != nil {
 		r.dropCtl()
 		refuse(err)
-		r.conn.Close()
+		r.s.close()
 		return nil, err
 	}
 	fail := func(err error) (transport.QP, error) {
-		r.conn.Close()
+		r.s.close()
 		q.Close()
 		return nil, fmt.Errorf("shm: accept from %v: %w", r.RemoteAddr(), err)
 	}
@@ -566,7 +647,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		refuse(err)
 		return fail(err)
 	}
-	err = writeMsg(r.conn, info.encode(msgAccept), fds...)
+	err = r.s.send(info.encode(msgAccept), fds...)
 	closeFDs(fds)
 	if err != nil {
 		return fail(err)
@@ -581,11 +662,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 	// of a gRPC connection's set-up on a 2-core VM, and the server's
 	// HTTP/2 settings, which the client waits for, one more wake-up of
 	// the dialer's.
-	ns, err := newNetSock(r.conn)
-	if err == nil {
-		err = q.start(ns, p, r.info.private, transport.PrivateLenConnect)
-	}
-	if err != nil {
+	if err := q.start(r.s, p, r.info.private, transport.PrivateLenConnect); err != nil {
 		return fail(err)
 	}
 	return q, nil

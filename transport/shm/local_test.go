@@ -92,3 +92,9 @@ func TestLocalAddresses(t *testing.T) {
 		}
 	}
 }
+
+// listenUnix listens on name with Go's net, for tests that play a
+// listener.
+func listenUnix(name string) (*net.UnixListener, error) {
+	return net.ListenUnix("unixpacket", &net.UnixAddr{Name: name, Net: "unixpacket"})
+}

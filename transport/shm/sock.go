@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -129,19 +130,49 @@ func (s *rawSock) close() error {
 	return err
 }
 
-// netSock is a socket of Go's net: the listener's, read with deadlines
-// while it waits for a request.
-type netSock struct {
-	c  *net.UnixConn
-	rc syscall.RawConn
+// recvMsg reads one message from s without waiting (unix.EAGAIN: none
+// yet), as readMsg does from a socket of Go's net.
+func recvMsg(s *rawSock, buf, oob []byte) ([]byte, []int, error) {
+	n, oobn, flags, err := s.recv(buf, oob)
+	var fds []int
+	if err == nil && oobn > 0 {
+		fds = parseRights(oob[:oobn])
+	}
+	if err = msgErr(n, fds, flags, len(oob), err); err != nil {
+		closeFDs(fds)
+		return nil, nil, err
+	}
+	return buf[:n], fds, nil
 }
 
-func newNetSock(c *net.UnixConn) (*netSock, error) {
-	rc, err := c.SyscallConn()
+// toNet hands s's descriptor over to a socket of Go's net, for reads that
+// wait with a deadline; s is closed.
+func (s *rawSock) toNet() (*net.UnixConn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fd < 0 {
+		return nil, net.ErrClosed
+	}
+	f := os.NewFile(uintptr(s.fd), "shm-socket")
+	c, err := net.FileConn(f) // a dup of its own
+	f.Close()
+	s.fd = -1
 	if err != nil {
 		return nil, err
 	}
-	return &netSock{c: c, rc: rc}, nil
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("shm: socket is a %T", c)
+	}
+	return uc, nil
+}
+
+// netSock is a socket of Go's net: a listener's whose request had to be
+// waited for.
+type netSock struct {
+	c  *net.UnixConn
+	rc syscall.RawConn
 }
 
 func (s *netSock) send(b []byte, fds ...int) error { return writeMsg(s.c, b, fds...) }

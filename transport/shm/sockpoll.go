@@ -204,24 +204,30 @@ type sockMsg struct {
 	err error
 }
 
-// newSockMsg keeps a copy of b, or the error of its read: the end of the
-// file when b is empty, errRightsCut when descriptors were cut off.
+// newSockMsg keeps a copy of b, or the error of its read (msgErr).
 func newSockMsg(b []byte, fds []int, flags, oobLen int, err error) sockMsg {
-	switch {
-	case err != nil:
-	case len(b) == 0:
-		err = io.EOF
-	case flags&unix.MSG_CTRUNC != 0:
-		err = errRightsCut
-		if len(fds) >= (oobLen-unix.CmsgSpace(0))/4 {
-			err = errTooManyRights
-		}
-	}
-	if err != nil {
+	if err = msgErr(len(b), fds, flags, oobLen, err); err != nil {
 		closeFDs(fds)
 		return sockMsg{err: err}
 	}
 	return sockMsg{b: bytes.Clone(b), fds: fds}
+}
+
+// msgErr is the error of a message's read: the end of the file when it
+// is empty, errRightsCut when descriptors were cut off (readMsg's).
+func msgErr(n int, fds []int, flags, oobLen int, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return io.EOF
+	case flags&unix.MSG_CTRUNC != 0:
+		if len(fds) >= (oobLen-unix.CmsgSpace(0))/4 {
+			return errTooManyRights
+		}
+		return errRightsCut
+	}
+	return nil
 }
 
 // handAnswer hands m to the dialer waiting for the answer, or drops it
