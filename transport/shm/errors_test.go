@@ -559,3 +559,64 @@ func TestReadyOnlyForEarlierListeners(t *testing.T) {
 		})
 	}
 }
+
+// A listener whose process is out of descriptors cannot accept a
+// connection's socket: it warns, waits and tries again, and takes the
+// socket once descriptors are free, rather than end its accept loop.
+func TestListenerAcceptsAgainAfterOutOfDescriptors(t *testing.T) {
+	_, _, l := listenSides(t, 8, 8)
+	defer l.Close()
+	a := l.Addr().(*Addr)
+	// The socket is made before the limit is lowered: connect needs no
+	// descriptor of its own.
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var saved unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(free)
+	low := saved
+	low.Cur = uint64(free)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower the descriptor limit: %v", err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer restore()
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: sockName(a.IP, a.Port)}); err != nil {
+		t.Fatal(err)
+	}
+	sl := l.(*listener)
+	for deadline := time.Now().Add(5 * time.Second); sl.lastWarn.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener never tried to take the socket")
+		}
+	}
+	restore()
+	// Not a request: the listener, once it has the socket, closes it.
+	if err := unix.Sendmsg(fd, []byte{0xee}, nil, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(5 * time.Second))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _, _, err := unix.Recvmsg(fd, make([]byte, 16), nil, 0); n != 0 || err != nil {
+		t.Fatalf("read %d bytes, %v; want the socket closed by the listener", n, err)
+	}
+}
