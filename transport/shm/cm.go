@@ -770,24 +770,10 @@ func (d *device) sendConnect(c sock, addr string, ip netip.Addr, port int, cfg t
 // with ctx, and in any case after the set-up timeout; e, an early dial's
 // wait, lets Disconnect end it too.
 func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *unix.Ucred, addr string, e *earlyDial) error {
-	ch := make(chan sockMsg, 2) // the poller's message and end's
-	q.ansMu.Lock()
-	q.ans = ch
-	q.ansMu.Unlock()
-	q.awaiting.Store(true)
+	w := newAnswerWait()
+	q.answer.Store(w)
 	leave := func() {
-		q.ansMu.Lock()
-		q.ans = nil // a message read from now on is dropped
-		q.ansMu.Unlock()
-		for {
-			select {
-			case m := <-ch:
-				closeFDs(m.fds)
-				continue
-			default:
-			}
-			break
-		}
+		w.leave() // kept in q.answer: the poller drops what comes
 		sockets.remove(q)
 	}
 	fail := func(err error) error {
@@ -803,7 +789,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *
 	if ctxHas && ctxDL.Before(dl) {
 		dl = ctxDL
 	}
-	if e != nil && !e.startRead(ch) {
+	if e != nil && !e.startRead(w.ready) {
 		return fail(net.ErrClosed)
 	}
 	t := time.NewTimer(time.Until(dl))
@@ -812,8 +798,11 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *
 			return sockMsg{err: err}
 		}
 		select {
-		case m := <-ch:
-			return m
+		case <-w.ready:
+			if m, ok := w.take(); ok {
+				return m
+			}
+			return sockMsg{err: net.ErrClosed} // end's word
 		case <-ctx.Done():
 			return sockMsg{err: ctx.Err()}
 		case <-t.C:
@@ -908,10 +897,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *
 	}
 	// The socket is disarmed (one shot) since the answer: whatever came
 	// after it is served once start arms it for good.
-	q.ansMu.Lock()
-	q.ans = nil
-	q.ansMu.Unlock()
-	q.awaiting.Store(false)
+	q.answer.Store(nil)
 	if err := q.start(c, p, info.private, transport.PrivateLenAccept); err != nil {
 		return fail(err)
 	}

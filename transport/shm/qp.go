@@ -70,9 +70,7 @@ type qp struct {
 	// answer: while a dialer waits for the listener's answer, the
 	// socket poller hands it each message here instead of serving it
 	// (awaitAccept).
-	awaiting atomic.Bool
-	ansMu    sync.Mutex
-	ans      chan sockMsg // nil once the waiter left
+	answer atomic.Pointer[answerWait]
 	// The retry timer and kicks run service on a goroutine of their own,
 	// only while there is something to do: an idle QP has none.
 	kicking   atomic.Bool
@@ -572,11 +570,11 @@ type earlyDial struct {
 	wg   sync.WaitGroup // a wait that started
 
 	mu      sync.Mutex
-	waiting bool         // a wait started
-	ended   bool         // Disconnect ran: no wait may start
-	reading bool         // the wait reads the answer: end makes the read fail
-	ch      chan sockMsg // where the answer comes, while reading
-	err     error        // the wait's outcome, once wg is done
+	waiting bool          // a wait started
+	ended   bool          // Disconnect ran: no wait may start
+	reading bool          // the wait reads the answer: end makes the read fail
+	ready   chan struct{} // the wait's, while reading
+	err     error         // the wait's outcome, once wg is done
 }
 
 // Established implements transport.EarlyQP. A QP of Connect or Accept is
@@ -620,10 +618,10 @@ func (q *qp) establish(ctx context.Context, deadline time.Time) error {
 
 // startRead marks the answer's wait begun on ch, unless Disconnect came
 // first.
-func (e *earlyDial) startRead(ch chan sockMsg) bool {
+func (e *earlyDial) startRead(ready chan struct{}) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.reading, e.ch = !e.ended, ch
+	e.reading, e.ready = !e.ended, ready
 	return e.reading
 }
 
@@ -647,7 +645,7 @@ func (e *earlyDial) end() {
 		// Under mu, so the wait sees it or has not begun (startRead
 		// then refuses): it fails now rather than at its deadline.
 		select {
-		case e.ch <- sockMsg{err: net.ErrClosed}:
+		case e.ready <- struct{}{}:
 		default: // the answer is there, unread: the wait ends anyway
 		}
 	}

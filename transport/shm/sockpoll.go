@@ -182,8 +182,8 @@ func (q *qp) readSocket(buf, oob []byte) {
 		if err == nil && oobn > 0 {
 			fds = parseRights(oob[:oobn])
 		}
-		if q.awaiting.Load() {
-			q.handAnswer(newSockMsg(buf[:n], fds, flags, len(oob), err))
+		if w := q.answer.Load(); w != nil {
+			w.hand(newSockMsg(buf[:n], fds, flags, len(oob), err))
 			return
 		}
 		if err != nil || n == 0 {
@@ -230,16 +230,48 @@ func msgErr(n int, fds []int, flags, oobLen int, err error) error {
 	return nil
 }
 
-// handAnswer hands m to the dialer waiting for the answer, or drops it
-// when the waiter left. It never blocks the poller: the socket is armed
-// for one message at a time (await), and the channel has room for it and
-// for an early dial's end.
-func (q *qp) handAnswer(m sockMsg) {
-	q.ansMu.Lock()
-	defer q.ansMu.Unlock()
-	select {
-	case q.ans <- m: // a nil channel (the waiter left) is never ready
-	default:
+// answerWait is a dialer's wait for the listener's answer (awaitAccept):
+// the socket poller reads the message, the dialer takes it.
+type answerWait struct {
+	ready chan struct{} // a message is there, or an early dial's end came
+	mu    sync.Mutex
+	msg   sockMsg
+	has   bool
+	left  bool // the dialer stopped waiting: what comes is dropped
+}
+
+func newAnswerWait() *answerWait { return &answerWait{ready: make(chan struct{}, 1)} }
+
+// hand keeps m for the dialer and tells it. It never blocks the poller:
+// the socket is armed for one message at a time (await).
+func (w *answerWait) hand(m sockMsg) {
+	w.mu.Lock()
+	if w.left || w.has {
 		closeFDs(m.fds)
+	} else {
+		w.msg, w.has = m, true
 	}
+	w.mu.Unlock()
+	select {
+	case w.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the message handed over, if there is one.
+func (w *answerWait) take() (sockMsg, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	m, ok := w.msg, w.has
+	w.msg, w.has = sockMsg{}, false
+	return m, ok
+}
+
+// leave drops the message handed over and any to come.
+func (w *answerWait) leave() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.left = true
+	closeFDs(w.msg.fds)
+	w.msg, w.has = sockMsg{}, false
 }
