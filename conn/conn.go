@@ -140,9 +140,13 @@ type Conn struct {
 	readOff int
 	spilled int // bytes of recvQ held in spill copies (bounded: spillLocked)
 	// control traffic
-	ctlPending int  // zero-length messages in flight
-	creditOut  bool // a credit message is in flight
-	recordOut  bool // the control record staging slot is in use
+	ctlPending int32 // zero-length messages in flight
+	// recvs: receives posted, kept so by reposting each that completes
+	// (see recvDepth); recvNext: the ID of the next, which is the slot
+	// it takes in the provider's ring of recvDepth.
+	recvs, recvNext uint16
+	creditOut       bool // a credit message is in flight
+	recordOut       bool // the control record staging slot is in use
 	// posting: a data message holds a credit and is not posted yet. A
 	// record waits for it (recordWaits), so that data never lands after
 	// a record that took a credit after it: the receiver holds the writer
@@ -238,8 +242,13 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	// Posted by the provider before the peer can send: the peer writes
 	// the moment it is connected (grpc-go's preface, the server's
 	// settings), and a receive posted after Connect or Accept return
-	// cost every new connection a 1 ms RNR timer.
-	cfg.InitialRecvs = initialRecvs(recvs)
+	// cost every new connection a 1 ms RNR timer. Those for a large ring
+	// come when it is provisioned (postRecvsLocked): most connections
+	// never enlarge, and posting them all cost each set-up a few percent
+	// of its CPU.
+	c.recvs = uint16(c.smallRecvs())
+	c.recvNext = c.recvs % uint16(recvs)
+	cfg.InitialRecvs = initialRecvs(int(c.recvs))
 	return c, cfg, nil
 }
 
@@ -267,8 +276,37 @@ func initialRecvs(n int) []transport.RecvWR {
 // ends of rendezvous transfers by our one read request, parks by one park
 // and one resume (park.go).
 func (c *Conn) recvDepth() int {
-	_, maxCount := c.o.maxLarge()
-	return c.o.slotCount + maxCount + 7
+	if c.o.recvCap == 0 { // options not validated (tests)
+		_, maxCount := c.o.maxLarge()
+		return c.o.slotCount + maxCount + 7
+	}
+	return c.o.recvCap
+}
+
+// smallRecvs is recvDepth while the peer writes into our small ring only.
+func (c *Conn) smallRecvs() int { return c.o.slotCount + 7 }
+
+// postRecvsLocked brings the receives posted to those a large ring of
+// count slots needs, before the peer learns of it.
+func (c *Conn) postRecvsLocked(count int) error {
+	want := min(c.smallRecvs()+count, c.recvDepth())
+	for int(c.recvs) < want {
+		if err := c.repostLocked(); err != nil {
+			return err
+		}
+		c.recvs++
+	}
+	return nil
+}
+
+// repostLocked posts one receive, with the ID of the slot it takes.
+func (c *Conn) repostLocked() error {
+	id := c.recvNext
+	if c.recvNext++; int(c.recvNext) == c.recvDepth() {
+		c.recvNext = 0
+	}
+	_, err := c.qp.PostRecv(transport.RecvWR{ID: uint64(id)})
+	return err
 }
 
 func (c *Conn) hello() hello {

@@ -413,6 +413,12 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 				c.enl.rxRefused = err
 				outcome = outcomeServeError
 				c.st.EnlargeRefusals++
+			} else if perr := c.postRecvsLocked(ph.Count); perr != nil {
+				buf.Release()
+				c.failLocked(fmt.Errorf("conn: post receives for the large ring: %w", perr))
+				c.enl.serving = false
+				tel.Abort(perr)
+				return
 			} else {
 				*rx = newRxRing(buf, ph.Size, ph.Count)
 				rx.stamp, rx.lastLanding = true, time.Now()

@@ -355,3 +355,34 @@ func TestEnlargeRetriedAfterBackoff(t *testing.T) {
 			s.Enlargements, s.SendPhase, s.EnlargeRetryAt, sb.EnlargementsServed)
 	}
 }
+
+// A connection posts the receives of its small ring only; a reader posts
+// those of a large ring before its acknowledgement tells the writer of
+// it, and the large ring's traffic runs on them.
+func TestReceivesPostedForTheRingInUse(t *testing.T) {
+	a, b := conns(t)
+	recvs := func(c *Conn) (posted, count int) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return int(c.recvs), c.rx[large].count
+	}
+	small := a.smallRecvs()
+	if ra, _ := recvs(a); ra != small {
+		t.Fatalf("receives posted %d, want %d (the small ring's)", ra, small)
+	}
+	transfer(t, a, b, random(100<<10), writeAll(a))
+	if s := b.Stats(); s.RecvPhase != "large" {
+		t.Fatalf("reader after a large write: %+v", s)
+	}
+	ra, _ := recvs(a)
+	rb, count := recvs(b)
+	if ra != small || rb != small+count {
+		t.Fatalf("receives posted %d (writer) and %d (reader), want %d and %d", ra, rb, small, small+count)
+	}
+	for range 20 { // the large ring's slots, many times over
+		transfer(t, a, b, random(100<<10), writeAll(a))
+	}
+	if rb2, _ := recvs(b); rb2 != rb {
+		t.Fatalf("receives posted %d after the traffic, want %d", rb2, rb)
+	}
+}

@@ -3,6 +3,7 @@ package conn
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -32,6 +33,7 @@ type options struct {
 	// and more, made once by validate.
 	more       []Phase
 	ladder     []Phase
+	recvCap    int // receives the deepest phase needs (validate; Conn.recvDepth)
 	ackTimeout time.Duration
 	ackRetries int
 	budget     *bufpool.Budget
@@ -365,6 +367,11 @@ func (o *options) validate() error {
 				return fmt.Errorf("conn: buffer phase %d (%d × %d bytes) is no larger than the one before it", i+1, p.Count, p.Size)
 			}
 		}
+	}
+	_, maxCount := o.maxLarge()
+	o.recvCap = o.slotCount + maxCount + 7 // see Conn.recvDepth
+	if o.recvCap > math.MaxUint16 {
+		return fmt.Errorf("conn: %d slots in the small and deepest large rings: want at most %d", o.slotCount+maxCount, math.MaxUint16-7)
 	}
 	if o.threshold == 0 {
 		o.threshold = o.slotSize

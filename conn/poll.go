@@ -500,7 +500,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 				c.abortLocked(err)
 				continue
 			}
-			if _, err := c.qp.PostRecv(transport.RecvWR{ID: wc.ID}); err != nil && !c.closed {
+			if err := c.repostLocked(); err != nil && !c.closed {
 				c.failLocked(fmt.Errorf("conn: repost receive: %w", err))
 			}
 		case wc.Opcode != transport.WCRDMAWrite:
