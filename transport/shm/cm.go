@@ -897,6 +897,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *
 	}
 	// The socket is disarmed (one shot) since the answer: whatever came
 	// after it is served once start arms it for good.
+	w.finish()
 	q.answer.Store(nil)
 	if err := q.start(c, p, info.private, transport.PrivateLenAccept); err != nil {
 		return fail(err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -93,8 +94,29 @@ func (s *rawSock) recv(buf, oob []byte) (n, oobn, flags int, err error) {
 	if s.fd < 0 {
 		return 0, 0, 0, net.ErrClosed
 	}
-	n, oobn, flags, _, err = unix.Recvmsg(s.fd, buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
-	return n, oobn, flags, err
+	return recvmsg(s.fd, buf, oob)
+}
+
+// recvmsg reads one message without waiting, as unix.Recvmsg does but
+// with no allocation: the sender's address (there is none on a connected
+// socket) is not asked for. Every wake-up a peer sends is read with it.
+func recvmsg(fd int, buf, oob []byte) (n, oobn, flags int, err error) {
+	var iov unix.Iovec
+	var msg unix.Msghdr
+	if len(buf) > 0 {
+		iov.Base = &buf[0]
+		iov.SetLen(len(buf))
+		msg.Iov, msg.Iovlen = &iov, 1
+	}
+	if len(oob) > 0 {
+		msg.Control = &oob[0]
+		msg.SetControllen(len(oob))
+	}
+	r, _, errno := unix.Syscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+	if errno != 0 {
+		return 0, 0, 0, errno
+	}
+	return int(r), int(msg.Controllen), int(msg.Flags), nil
 }
 
 func (s *rawSock) control(f func(fd int)) error {
@@ -179,7 +201,7 @@ func (s *netSock) send(b []byte, fds ...int) error { return writeMsg(s.c, b, fds
 
 func (s *netSock) recv(buf, oob []byte) (n, oobn, flags int, err error) {
 	rerr := s.rc.Read(func(fd uintptr) bool {
-		n, oobn, flags, _, err = unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		n, oobn, flags, err = recvmsg(int(fd), buf, oob)
 		return true // never wait here: the poller waits for every socket
 	})
 	if rerr != nil {

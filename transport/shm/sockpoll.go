@@ -176,6 +176,11 @@ func (q *qp) readSocket(buf, oob []byte) {
 	for {
 		n, oobn, flags, err := q.sock.recv(buf, oob)
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			if w := q.answer.Load(); w != nil {
+				// Reported with nothing to read: armed once more, or
+				// the waiter would hear nothing until its deadline.
+				w.rearm(q)
+			}
 			return
 		}
 		var fds []int
@@ -238,6 +243,7 @@ type answerWait struct {
 	msg   sockMsg
 	has   bool
 	left  bool // the dialer stopped waiting: what comes is dropped
+	done  bool // the dialer has its answer (finish)
 }
 
 func newAnswerWait() *answerWait { return &answerWait{ready: make(chan struct{}, 1)} }
@@ -265,6 +271,24 @@ func (w *answerWait) take() (sockMsg, bool) {
 	m, ok := w.msg, w.has
 	w.msg, w.has = sockMsg{}, false
 	return m, ok
+}
+
+// rearm arms q's socket for the answer again, unless the dialer stopped
+// waiting or has it (finish): then serve or leave decides.
+func (w *answerWait) rearm(q *qp) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.left && !w.done {
+		sockets.await(q)
+	}
+}
+
+// finish marks the answer taken for good, before serve arms the socket:
+// a rearm cannot come after it.
+func (w *answerWait) finish() {
+	w.mu.Lock()
+	w.done = true
+	w.mu.Unlock()
 }
 
 // leave drops the message handed over and any to come.
