@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -422,26 +423,11 @@ func TestConnectRequestOutOfDescriptorsRefused(t *testing.T) {
 			t.Fatal("the listener never took the socket")
 		}
 	}
-	var saved unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
-		t.Fatal(err)
-	}
-	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(free)
-	low := saved
-	low.Cur = uint64(free)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		t.Skipf("cannot lower the descriptor limit: %v", err)
-	}
+	restore := outOfDescriptors(t)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	werr := writeMsg(c, []byte{msgConnect}, fds...)
 	b, _, rerr := readMsg(c, make([]byte, maxMsg), nil)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	if werr != nil || rerr != nil {
 		t.Fatalf("request: %v; answer: %v", werr, rerr)
 	}
@@ -574,29 +560,7 @@ func TestListenerAcceptsAgainAfterOutOfDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	var saved unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
-		t.Fatal(err)
-	}
-	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(free)
-	low := saved
-	low.Cur = uint64(free)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		t.Skipf("cannot lower the descriptor limit: %v", err)
-	}
-	restored := false
-	restore := func() {
-		if !restored {
-			restored = true
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	restore := outOfDescriptors(t)
 	defer restore()
 	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: sockName(a.IP, a.Port)}); err != nil {
 		t.Fatal(err)
@@ -618,5 +582,34 @@ func TestListenerAcceptsAgainAfterOutOfDescriptors(t *testing.T) {
 	}
 	if n, _, _, _, err := unix.Recvmsg(fd, make([]byte, 16), nil, 0); n != 0 || err != nil {
 		t.Fatalf("read %d bytes, %v; want the socket closed by the listener", n, err)
+	}
+}
+
+// outOfDescriptors lowers the descriptor limit to the lowest free number,
+// so that no descriptor can be made, and returns what restores it (once,
+// however often it is called).
+func outOfDescriptors(t *testing.T) (restore func()) {
+	t.Helper()
+	var saved unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(free)
+	low := saved
+	low.Cur = uint64(free)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Skipf("cannot lower the descriptor limit: %v", err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
