@@ -349,7 +349,7 @@ func (l *listener) handshake(c *rawSock) {
 	}
 	// Who asks first: a peer the listener does not admit learns nothing
 	// more than that, and costs no warning in the log.
-	cred, perr := s.cred()
+	cred, perr := peerCred(s)
 	if perr == nil {
 		perr = l.checkPeer(cred)
 	} else {
@@ -520,21 +520,6 @@ func listenerFailure(err error) []byte { return withReason(ListenerFailedMagic, 
 func withReason(magic []byte, err error) []byte {
 	b := append(slices.Clone(magic), err.Error()...)
 	return b[:min(len(b), maxPrivate)]
-}
-
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, cerr
 }
 
 // connReq is a connect request waiting for Accept or Reject.
@@ -717,7 +702,7 @@ func (d *device) connectOn(ctx context.Context, c sock, cred *unix.Ucred, addr s
 	if err != nil {
 		return nil, err
 	}
-	if err := q.awaitAccept(ctx, time.Time{}, c, cred, addr, nil); err != nil {
+	if err := q.awaitAccept(ctx, time.Time{}, cred, addr, nil); err != nil {
 		q.Close()
 		return nil, err
 	}
@@ -764,12 +749,14 @@ func (d *device) sendConnect(c sock, addr string, ip netip.Addr, port int, cfg t
 	return q, nil
 }
 
-// awaitAccept waits for the listener's answer on c, read by the socket
-// poller, and starts q; on error c is closed and q is left for its owner
-// to close. The wait ends at deadline (zero: none of the caller's) or
-// with ctx, and in any case after the set-up timeout; e, an early dial's
-// wait, lets Disconnect end it too.
-func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *unix.Ucred, addr string, e *earlyDial) error {
+// awaitAccept waits for the listener's answer on q's socket (sendConnect
+// sent the request on it), read by the socket poller, and starts q; on
+// error the socket is closed and q is left for its owner to close. The
+// wait ends at deadline (zero: none of the caller's) or with ctx, and in
+// any case after the set-up timeout; e, an early dial's wait, lets
+// Disconnect end it too. cred, if known, is the socket's peer's.
+func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, cred *unix.Ucred, addr string, e *earlyDial) error {
+	c := q.sock
 	w := newAnswerWait()
 	q.answer.Store(w)
 	leave := func() {
@@ -867,7 +854,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, c sock, cred *
 	// a connected socket is fixed at connect, so the caller may know it.
 	var cerr error
 	if cred == nil {
-		cred, cerr = c.cred()
+		cred, cerr = peerCred(c)
 	}
 	same := cerr == nil && int(cred.Pid) == ownPID
 	var p *peer

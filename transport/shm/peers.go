@@ -132,7 +132,7 @@ func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, 
 	if err != nil {
 		return nil, err
 	}
-	cred, err := c.cred()
+	cred, err := peerCred(c)
 	var child *device
 	if err == nil {
 		child, err = d.child(peerOf(cred))
@@ -218,7 +218,7 @@ func (d *device) sendEarly(c sock, cred *unix.Ucred, addr string, ip netip.Addr,
 	if err != nil {
 		return nil, err
 	}
-	q.early.Store(&earlyDial{c: c, cred: cred, addr: addr})
+	q.early.Store(&earlyDial{cred: cred, addr: addr})
 	return q, nil
 }
 

@@ -458,7 +458,7 @@ func (q *qp) hangupOnce() {
 // for the peer to acknowledge by closing its end.
 func (q *qp) Disconnect() error {
 	if e := q.early.Load(); e != nil {
-		e.end()
+		e.end(q)
 	}
 	if !q.started {
 		q.ring.setErr()
@@ -564,8 +564,7 @@ func (q *qp) drainRecv() {
 // answer: Established runs it, Disconnect ends it. A wait that failed is
 // kept, for its error; one that succeeded is dropped.
 type earlyDial struct {
-	c    sock
-	cred *unix.Ucred // c's peer's, when the dial knew it (DeviceFor)
+	cred *unix.Ucred // the socket's peer's, when the dial knew it (DeviceFor)
 	addr string
 	wg   sync.WaitGroup // a wait that started
 
@@ -605,7 +604,7 @@ func (q *qp) establish(ctx context.Context, deadline time.Time) error {
 	e.waiting = true
 	e.wg.Add(1)
 	e.mu.Unlock()
-	err := q.awaitAccept(ctx, deadline, e.c, e.cred, e.addr, e)
+	err := q.awaitAccept(ctx, deadline, e.cred, e.addr, e)
 	e.mu.Lock()
 	e.err = err
 	e.mu.Unlock()
@@ -616,8 +615,8 @@ func (q *qp) establish(ctx context.Context, deadline time.Time) error {
 	return err
 }
 
-// startRead marks the answer's wait begun on ch, unless Disconnect came
-// first.
+// startRead marks the answer's wait begun on ready, unless Disconnect
+// came first.
 func (e *earlyDial) startRead(ready chan struct{}) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -633,10 +632,10 @@ func (e *earlyDial) stopRead() (ended bool) {
 	return e.ended
 }
 
-// end stops a wait under way, which returns an error unless the answer
-// was read already, and waits for it; a request never waited for is
-// abandoned with its socket.
-func (e *earlyDial) end() {
+// end stops the wait of q's answer under way, which returns an error
+// unless the answer was read already, and waits for it; a request never
+// waited for is abandoned with its socket.
+func (e *earlyDial) end(q *qp) {
 	e.mu.Lock()
 	first := !e.ended
 	e.ended = true
@@ -652,7 +651,7 @@ func (e *earlyDial) end() {
 	e.mu.Unlock()
 	if !waiting {
 		if first {
-			e.c.close()
+			q.sock.close()
 		}
 		return
 	}

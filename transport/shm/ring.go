@@ -119,7 +119,7 @@ func (r ring) sges(i uint64, dst []transport.SGE) []transport.SGE {
 // post writes a receive's scatter list into slot i (owner side); publish
 // makes the slots before n visible to the peer. The peer reads a slot
 // only below posted, after its atomic load, so plain stores suffice here:
-// a new connection posts dozens of receives, and locked stores for each
+// a new connection posts a dozen receives, and locked stores for each
 // field of each were a µs of every set-up.
 func (r ring) post(i uint64, sg []transport.SGE) {
 	off := r.slot(i)

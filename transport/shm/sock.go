@@ -21,8 +21,6 @@ type sock interface {
 	recv(buf, oob []byte) (n, oobn, flags int, err error)
 	// control runs f with the descriptor, which stays open meanwhile.
 	control(f func(fd int)) error
-	// cred is the peer's SO_PEERCRED, fixed at connect.
-	cred() (*unix.Ucred, error)
 	close() error
 }
 
@@ -129,7 +127,8 @@ func (s *rawSock) control(f func(fd int)) error {
 	return nil
 }
 
-func (s *rawSock) cred() (*unix.Ucred, error) {
+// peerCred is the SO_PEERCRED of s's peer, fixed at connect.
+func peerCred(s sock) (*unix.Ucred, error) {
 	var cred *unix.Ucred
 	var err error
 	if cerr := s.control(func(fd int) { cred, err = unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED) }); cerr != nil {
@@ -156,15 +155,7 @@ func (s *rawSock) close() error {
 // yet), as readMsg does from a socket of Go's net.
 func recvMsg(s *rawSock, buf, oob []byte) ([]byte, []int, error) {
 	n, oobn, flags, err := s.recv(buf, oob)
-	var fds []int
-	if err == nil && oobn > 0 {
-		fds = parseRights(oob[:oobn])
-	}
-	if err = msgErr(n, fds, flags, len(oob), err); err != nil {
-		closeFDs(fds)
-		return nil, nil, err
-	}
-	return buf[:n], fds, nil
+	return takeMsg(buf, oob, n, oobn, flags, err)
 }
 
 // toNet hands s's descriptor over to a socket of Go's net, for reads that
@@ -213,7 +204,5 @@ func (s *netSock) recv(buf, oob []byte) (n, oobn, flags int, err error) {
 func (s *netSock) control(f func(fd int)) error {
 	return s.rc.Control(func(fd uintptr) { f(int(fd)) })
 }
-
-func (s *netSock) cred() (*unix.Ucred, error) { return peerCred(s.c) }
 
 func (s *netSock) close() error { return s.c.Close() }

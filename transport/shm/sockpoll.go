@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sync"
 	"syscall"
@@ -183,13 +182,14 @@ func (q *qp) readSocket(buf, oob []byte) {
 			}
 			return
 		}
+		if w := q.answer.Load(); w != nil {
+			b, fds, err := takeMsg(buf, oob, n, oobn, flags, err)
+			w.hand(sockMsg{b: bytes.Clone(b), fds: fds, err: err}) // buf is the poller's
+			return
+		}
 		var fds []int
 		if err == nil && oobn > 0 {
 			fds = parseRights(oob[:oobn])
-		}
-		if w := q.answer.Load(); w != nil {
-			w.hand(newSockMsg(buf[:n], fds, flags, len(oob), err))
-			return
 		}
 		if err != nil || n == 0 {
 			closeFDs(fds)
@@ -207,32 +207,6 @@ type sockMsg struct {
 	b   []byte
 	fds []int
 	err error
-}
-
-// newSockMsg keeps a copy of b, or the error of its read (msgErr).
-func newSockMsg(b []byte, fds []int, flags, oobLen int, err error) sockMsg {
-	if err = msgErr(len(b), fds, flags, oobLen, err); err != nil {
-		closeFDs(fds)
-		return sockMsg{err: err}
-	}
-	return sockMsg{b: bytes.Clone(b), fds: fds}
-}
-
-// msgErr is the error of a message's read: the end of the file when it
-// is empty, errRightsCut when descriptors were cut off (readMsg's).
-func msgErr(n int, fds []int, flags, oobLen int, err error) error {
-	switch {
-	case err != nil:
-		return err
-	case n == 0:
-		return io.EOF
-	case flags&unix.MSG_CTRUNC != 0:
-		if len(fds) >= (oobLen-unix.CmsgSpace(0))/4 {
-			return errTooManyRights
-		}
-		return errRightsCut
-	}
-	return nil
 }
 
 // answerWait is a dialer's wait for the listener's answer (awaitAccept):

@@ -167,24 +167,39 @@ func decodeInfo(b []byte) (qpInfo, error) {
 // readMsg reads one message and the fds that came with it.
 func readMsg(c *net.UnixConn, buf, oob []byte) ([]byte, []int, error) {
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
+	return takeMsg(buf, oob, n, oobn, flags, err)
+}
+
+// takeMsg is the message a read of n bytes and oobn of control data left
+// in buf and oob, with its descriptors, or the read's error (msgErr), the
+// descriptors then closed.
+func takeMsg(buf, oob []byte, n, oobn, flags int, err error) ([]byte, []int, error) {
 	var fds []int
 	if oobn > 0 {
 		fds = parseRights(oob[:oobn])
 	}
-	if err == nil && n == 0 {
-		err = io.EOF
-	}
-	if err == nil && flags&unix.MSG_CTRUNC != 0 {
-		err = errRightsCut
-		if len(fds) >= (len(oob)-unix.CmsgSpace(0))/4 {
-			err = errTooManyRights
-		}
-	}
-	if err != nil {
+	if err = msgErr(n, fds, flags, len(oob), err); err != nil {
 		closeFDs(fds)
 		return nil, nil, err
 	}
 	return buf[:n], fds, nil
+}
+
+// msgErr is the error of a message's read: the end of the file when it
+// is empty, errRightsCut when descriptors were cut off (readMsg's).
+func msgErr(n int, fds []int, flags, oobLen int, err error) error {
+	switch {
+	case err != nil:
+		return err
+	case n == 0:
+		return io.EOF
+	case flags&unix.MSG_CTRUNC != 0:
+		if len(fds) >= (oobLen-unix.CmsgSpace(0))/4 {
+			return errTooManyRights
+		}
+		return errRightsCut
+	}
+	return nil
 }
 
 // parseRights returns the descriptors passed in a message's control data.
