@@ -274,17 +274,14 @@ func initialRecvs(n int) []transport.RecvWR {
 // receive; data and records are bounded by the credits of both rings,
 // zero-length messages by one credit message and one EOF in flight, the
 // ends of rendezvous transfers by our one read request, parks by one park
-// and one resume (park.go).
-func (c *Conn) recvDepth() int {
-	if c.o.recvCap == 0 { // options not validated (tests)
-		_, maxCount := c.o.maxLarge()
-		return c.o.slotCount + maxCount + 7
-	}
-	return c.o.recvCap
-}
+// and one resume (park.go): controlRecvs in all, beside the rings' slots.
+func (c *Conn) recvDepth() int { return c.o.recvCap }
+
+// controlRecvs are the receives zero-length messages may take (recvDepth).
+const controlRecvs = 7
 
 // smallRecvs is recvDepth while the peer writes into our small ring only.
-func (c *Conn) smallRecvs() int { return c.o.slotCount + 7 }
+func (c *Conn) smallRecvs() int { return c.o.slotCount + controlRecvs }
 
 // postRecvsLocked brings the receives posted to those a large ring of
 // count slots needs, before the peer learns of it.

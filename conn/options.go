@@ -369,9 +369,9 @@ func (o *options) validate() error {
 		}
 	}
 	_, maxCount := o.maxLarge()
-	o.recvCap = o.slotCount + maxCount + 7 // see Conn.recvDepth
+	o.recvCap = o.slotCount + maxCount + controlRecvs // see Conn.recvDepth
 	if o.recvCap > math.MaxUint16 {
-		return fmt.Errorf("conn: %d slots in the small and deepest large rings: want at most %d", o.slotCount+maxCount, math.MaxUint16-7)
+		return fmt.Errorf("conn: %d slots in the small and deepest large rings: want at most %d", o.slotCount+maxCount, math.MaxUint16-controlRecvs)
 	}
 	if o.threshold == 0 {
 		o.threshold = o.slotSize
