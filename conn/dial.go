@@ -71,6 +71,9 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early *
 	if err != nil {
 		return nil, err
 	}
+	if o.peerCheck != nil {
+		ctx = transport.ContextWithPeerCheck(ctx, o.peerCheck)
+	}
 	if _, ok := dev.(transport.EarlyConnector); !ok {
 		early = nil
 	}
@@ -394,6 +397,12 @@ func (l *Listener) Addr() net.Addr {
 // wraps (shm: by default a listener admits only its own user's processes;
 // see WithPeerCheck).
 var ErrPeerRefused = errors.New("conn: the listener refused this process")
+
+// ErrListenerRefused is what a dial wraps when the process listening at
+// the address failed this dial's peer check (shm: by default a dial
+// admits only a listener of its own user; see WithPeerCheck). Nothing was
+// sent to it.
+var ErrListenerRefused = transport.ErrListenerRefused
 
 // errBacklogFull is what a dial refused by a full accept backlog wraps.
 var errBacklogFull = errors.New("conn: the listener's accept backlog is full (it accepts more slowly than it is dialed)")

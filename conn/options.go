@@ -335,14 +335,20 @@ var defaultBacklog = sync.OnceValue(func() int {
 	return min(n, most)
 })
 
-// WithPeerCheck decides which local processes a Listener admits, from
-// their credentials as the kernel gives them (SO_PEERCRED): an error
-// refuses the dial, which fails with ErrPeerRefused and the error's text,
-// and nothing of the listener's is handed to it. Without it a shm
-// listener admits only processes of its own user, as a 0600 socket file
-// would: the abstract unix socket it listens on has no permissions of its
-// own, and any user of the network namespace could dial it. Listen fails
-// with this option on a provider whose peers are remote (verbs).
+// WithPeerCheck decides which local processes a connection may have at
+// its other end, from their credentials as the kernel gives them
+// (SO_PEERCRED). On a Listener it runs on every dialer: an error refuses
+// the dial, which fails with ErrPeerRefused and the error's text, and
+// nothing of the listener's is handed to it. On a dial it runs on the
+// process that answers, before anything is sent to it: an error skips
+// that process (a wildcard listener on the same port is tried next), and
+// a dial that finds no other fails with ErrListenerRefused. Without it
+// a listener admits only processes of its own user, as a 0600 socket
+// file would, and a dial only a listener of its own user or of root: the abstract unix sockets shm listens on have no
+// permissions, and any user of the network namespace could dial one, or
+// bind the name a dial tries first. Listen fails with this option on a
+// provider whose peers are remote (verbs); a dial over such a provider
+// ignores it.
 func WithPeerCheck(check func(pid, uid, gid int) error) Option {
 	return func(o *options) { o.peerCheck = check }
 }

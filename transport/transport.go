@@ -17,6 +17,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"net"
 	"time"
 )
@@ -406,6 +407,32 @@ type RequestDevice interface {
 // the listener's own user, as a 0600 socket file would.
 type PeerChecker interface {
 	SetPeerCheck(check func(pid, uid, gid int) error)
+}
+
+// ErrListenerRefused is what a Connect wraps when every process that
+// answered at addr failed the dial's peer check (ContextWithPeerCheck):
+// none of them was sent a byte or a descriptor.
+var ErrListenerRefused = errors.New("transport: the process listening there failed this dial's peer check")
+
+type peerCheckKey struct{}
+
+// ContextWithPeerCheck returns a context whose dials (Connect,
+// ConnectEarly, Router.DeviceFor) admit a listening process only if check
+// returns nil for its credentials as the kernel gives them, before
+// anything is sent to it; a refused process is skipped, as a name with no
+// listener is. Providers whose listeners are processes of this host
+// (shm) apply it; without one they admit only listeners of the dialing
+// process's effective user, or of root. A dial reaches a listener through a name any
+// local user may bind, so who listens needs checking as much as who
+// dials.
+func ContextWithPeerCheck(ctx context.Context, check func(pid, uid, gid int) error) context.Context {
+	return context.WithValue(ctx, peerCheckKey{}, check)
+}
+
+// PeerCheckFrom returns the check ContextWithPeerCheck put in ctx, or nil.
+func PeerCheckFrom(ctx context.Context) func(pid, uid, gid int) error {
+	check, _ := ctx.Value(peerCheckKey{}).(func(pid, uid, gid int) error)
+	return check
 }
 
 // RejectError is returned by Connect when the peer rejected the request.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -663,11 +664,11 @@ func (d *device) Connect(ctx context.Context, addr string, cfg transport.QPConfi
 	if err := checkPrivate(addr, private); err != nil {
 		return nil, err
 	}
-	ip, port, c, err := dialAddr(ctx, addr)
+	ip, port, c, cred, err := dialAddr(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return d.connectOn(ctx, c, nil, addr, ip, port, cfg, private)
+	return d.connectOn(ctx, c, cred, addr, ip, port, cfg, private)
 }
 
 // checkPrivate refuses a connect request's private data beyond maxPrivate.
@@ -679,20 +680,20 @@ func checkPrivate(addr string, private []byte) error {
 }
 
 // dialAddr resolves addr, refuses another host's, and connects to its
-// listener's socket.
-func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *rawSock, error) {
+// listener's socket, whose process passed ctx's peer check (dialShm).
+func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *rawSock, *unix.Ucred, error) {
 	ip, port, err := resolve(ctx, addr)
 	if err != nil {
-		return ip, 0, nil, err
+		return ip, 0, nil, nil, err
 	}
 	if !isLocal(ip) {
-		return ip, 0, nil, errNotLocal("connect to", addr, ip)
+		return ip, 0, nil, nil, errNotLocal("connect to", addr, ip)
 	}
-	c, err := dialShm(ctx, ip, port)
+	c, cred, err := dialShm(ctx, ip, port)
 	if err != nil {
-		return ip, 0, nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
+		return ip, 0, nil, nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
-	return ip, port, c, nil
+	return ip, port, c, cred, nil
 }
 
 // connectOn sets up a connection over c, a socket connected to the
@@ -893,26 +894,61 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, cred *unix.Ucr
 }
 
 // dialShm connects to the listener for ip:port, or to a wildcard listener
-// on that port when ip is an address of this host.
-func dialShm(ctx context.Context, ip netip.Addr, port int) (*rawSock, error) {
+// on that port when ip is an address of this host, and returns the
+// credentials of the process that answered. Either name is an abstract
+// socket any local user may bind: a process that fails ctx's peer check
+// (transport.ContextWithPeerCheck; by default, one of another user) is
+// skipped before a byte is sent to it, as a name with no listener is.
+func dialShm(ctx context.Context, ip netip.Addr, port int) (*rawSock, *unix.Ucred, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	check := transport.PeerCheckFrom(ctx)
 	// The second name is made only when the first has no listener.
 	other := netip.IPv4Unspecified() // for a local address (Connect checked)
 	if ip.IsUnspecified() {
 		other = netip.AddrFrom4([4]byte{127, 0, 0, 1})
 	}
-	var last error
+	var last, refused error
 	for _, a := range [2]netip.Addr{ip, other} {
-		c, err := dialSock(sockName(a, port))
+		name := sockName(a, port)
+		c, err := dialSock(name)
 		if err == nil {
-			return c, nil
+			cred, cerr := peerCred(c)
+			if cerr == nil {
+				cerr = checkListener(cred, check)
+			}
+			if cerr == nil {
+				return c, cred, nil
+			}
+			c.close()
+			refused = fmt.Errorf("%w: %s: %v", transport.ErrListenerRefused, strings.TrimPrefix(name, "@"), cerr)
+			continue
 		}
 		last = err
 		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT) {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return nil, fmt.Errorf("%w: nothing listens on port %d (%v)", transport.ErrConnRefused, port, last)
+	if refused != nil {
+		return nil, nil, refused
+	}
+	return nil, nil, fmt.Errorf("%w: nothing listens on port %d (%v)", transport.ErrConnRefused, port, last)
+}
+
+// dialerEUID is this process's effective uid: whose listeners a dial
+// admits by default.
+var dialerEUID = os.Geteuid()
+
+// checkListener applies a dial's peer check to the process that answered;
+// without one, only a listener of this process's effective user or of
+// root passes (root may read this process's memory anyway).
+func checkListener(cred *unix.Ucred, check func(pid, uid, gid int) error) error {
+	if check == nil {
+		if int(cred.Uid) != dialerEUID && cred.Uid != 0 {
+			return fmt.Errorf("uid %d listens there, not this process's (%d)", cred.Uid, dialerEUID)
+		}
+		return nil
+	}
+	return check(int(cred.Pid), int(cred.Uid), int(cred.Gid))
 }

@@ -128,15 +128,11 @@ func (d *device) drop() error {
 // the connection's PD, CQ and memory are to be made; its Connect uses
 // the socket already connected. It is for one dial.
 func (d *device) DeviceFor(ctx context.Context, addr string) (transport.Device, error) {
-	ip, port, c, err := dialAddr(ctx, addr)
+	ip, port, c, cred, err := dialAddr(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	cred, err := peerCred(c)
-	var child *device
-	if err == nil {
-		child, err = d.child(peerOf(cred))
-	}
+	child, err := d.child(peerOf(cred))
 	if err != nil {
 		c.close()
 		return nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
@@ -204,11 +200,11 @@ func (d *device) ConnectEarly(ctx context.Context, addr string, cfg transport.QP
 	if err := checkPrivate(addr, private); err != nil {
 		return nil, err
 	}
-	ip, port, c, err := dialAddr(ctx, addr)
+	ip, port, c, cred, err := dialAddr(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return d.sendEarly(c, nil, addr, ip, port, cfg, private)
+	return d.sendEarly(c, cred, addr, ip, port, cfg, private)
 }
 
 // sendEarly sends the connect request over c and returns its QP; cred,

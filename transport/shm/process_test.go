@@ -27,6 +27,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if name := os.Getenv(squatEnv); name != "" {
+		if err := squatter(name); err != nil {
+			fmt.Fprintln(os.Stderr, "squatter:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if peer, ok := map[string]func() error{"echo": echoPeer, "named": namedPeer}[os.Getenv(peerEnv)]; ok {
 		if err := peer(); err != nil {
 			fmt.Fprintln(os.Stderr, "peer:", err)
