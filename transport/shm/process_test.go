@@ -27,6 +27,13 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if mode := os.Getenv(freezeEnv); mode != "" {
+		if err := freezeHelper(mode); err != nil {
+			fmt.Fprintln(os.Stderr, "freeze helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if name := os.Getenv(squatEnv); name != "" {
 		if err := squatter(name); err != nil {
 			fmt.Fprintln(os.Stderr, "squatter:", err)

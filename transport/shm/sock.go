@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,7 +16,12 @@ import (
 // descriptors, written whole (SOCK_SEQPACKET), read only when the socket
 // poller says there is one.
 type sock interface {
-	// send writes one message, waiting while the peer's queue is full.
+	// send writes one message without waiting. A peer whose queue is
+	// full has stopped reading: the socket is shut down (the socket
+	// poller then hangs the QP up) and errPeerStalled returned. Nothing
+	// may wait on a peer: sends come from the socket poller, which
+	// serves every connection of the process, and from under locks of
+	// a connection that Close takes.
 	send(b []byte, fds ...int) error
 	// recv reads one message without waiting (unix.EAGAIN: none).
 	recv(buf, oob []byte) (n, oobn, flags int, err error)
@@ -58,31 +64,39 @@ func dialSock(name string) (*rawSock, error) {
 }
 
 func (s *rawSock) send(b []byte, fds ...int) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.fd < 0 {
+		return net.ErrClosed
+	}
+	return sendNow(s.fd, b, fds)
+}
+
+// errPeerStalled is what a send to a peer that stopped reading returns.
+var errPeerStalled = errors.New("shm: the peer stopped reading its socket (its queue is full): connection cut off")
+
+// sendNow writes one message to fd without waiting; a full queue shuts
+// the socket down (see sock.send). A connection's messages are a few
+// control words, one memory reply per request and one wake-up per
+// arming: a peer that reads keeps its queue nearly empty, and one that
+// lets it fill (hundreds of messages) is not reading at all.
+func sendNow(fd int, b []byte, fds []int) error {
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
 	for {
-		s.mu.RLock()
-		if s.fd < 0 {
-			s.mu.RUnlock()
-			return net.ErrClosed
-		}
-		err := unix.Sendmsg(s.fd, b, oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		if err == unix.EAGAIN {
-			// The peer's queue is full (it has not read for a while):
-			// wait for room, a little at a time, so that a close is
-			// not held up long.
-			unix.Poll([]unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLOUT}}, 10)
-		}
-		s.mu.RUnlock()
+		err := unix.Sendmsg(fd, b, oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 		switch err {
 		case nil:
 			return nil
-		case unix.EAGAIN, unix.EINTR:
-		default:
-			return os.NewSyscallError("sendmsg", err)
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			unix.Shutdown(fd, unix.SHUT_RDWR)
+			return errPeerStalled
 		}
+		return os.NewSyscallError("sendmsg", err)
 	}
 }
 
@@ -188,7 +202,16 @@ type netSock struct {
 	rc syscall.RawConn
 }
 
-func (s *netSock) send(b []byte, fds ...int) error { return writeMsg(s.c, b, fds...) }
+func (s *netSock) send(b []byte, fds ...int) error {
+	var err error
+	if cerr := s.rc.Write(func(fd uintptr) bool {
+		err = sendNow(int(fd), b, fds)
+		return true // never wait in Go's netpoller either
+	}); cerr != nil {
+		return cerr
+	}
+	return err
+}
 
 func (s *netSock) recv(buf, oob []byte) (n, oobn, flags int, err error) {
 	rerr := s.rc.Read(func(fd uintptr) bool {
