@@ -12,8 +12,11 @@ import (
 	"os/exec"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -190,6 +193,9 @@ func isoHelper(mode string) error {
 
 func startIso(t *testing.T, mode, addr string) (*bufio.Scanner, io.WriteCloser) {
 	t.Helper()
+	if os.Getenv(isoLauncher) != "" {
+		return launchIso(t, mode, addr)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -232,6 +238,9 @@ func TestIsolationBetweenPeerProcesses(t *testing.T) {
 		s, err := newIsoSide(dev)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if os.Getenv(isoLauncher) != "" && r.(*connReq).peer.pid != 0 {
+			t.Fatalf("in its own PID namespace the listener sees its client as pid %d", r.(*connReq).peer.pid)
 		}
 		qp, err := r.Accept(ctx, s.cfg(), s.private())
 		if err != nil {
@@ -280,4 +289,137 @@ func TestIsolationBetweenPeerProcesses(t *testing.T) {
 	if !va.Scan() || va.Text() != "intact" {
 		t.Errorf("victim after the attack: %q", va.Text())
 	}
+}
+
+// A listener in a container sees its clients outside through namespaces:
+// in its own PID namespace their pids read 0, and in its own user
+// namespace their uids may all read as the overflow uid. Isolation must
+// not rest on telling them apart by either. The same attack runs with
+// the listener (this test binary, running TestIsolationBetweenPeerProcesses)
+// in a PID namespace, then in a PID and a user namespace, and its clients
+// outside both: started by a launcher process here, which hands each
+// client's pipes to the listener over a unix socket.
+
+const isoLauncher = "RDMAGRPC_SHM_ISO_LAUNCHER" // set: fd 3 reaches the launcher
+
+func TestIsolationListenerInNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to make PID and user namespaces")
+	}
+	for _, ns := range []struct {
+		name  string
+		flags uintptr
+	}{
+		{"pid", syscall.CLONE_NEWPID},
+		{"pid+user", syscall.CLONE_NEWPID | syscall.CLONE_NEWUSER},
+	} {
+		t.Run(ns.name, func(t *testing.T) {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			launcherEnd, listenerEnd := os.NewFile(uintptr(fds[0]), "launcher"), os.NewFile(uintptr(fds[1]), "listener")
+			defer launcherEnd.Close()
+			defer listenerEnd.Close()
+			go launcher(t, launcherEnd)
+
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(self, "-test.run=^TestIsolationBetweenPeerProcesses$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), isoLauncher+"=1")
+			cmd.ExtraFiles = []*os.File{listenerEnd}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: ns.flags}
+			if ns.flags&syscall.CLONE_NEWUSER != 0 {
+				cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
+				cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}}
+			}
+			out, err := cmd.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "--- PASS: TestIsolationBetweenPeerProcesses") {
+				t.Fatalf("the listener in a %s namespace: %v\n%s", ns.name, err, out)
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.Contains(line, "hostile process:") {
+					t.Log(strings.TrimSpace(line))
+				}
+			}
+		})
+	}
+}
+
+// launcher starts a client of the isolation test for each request on s
+// ("mode addr") and sends back its stdout and stdin.
+func launcher(t *testing.T, s *os.File) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	buf := make([]byte, 512)
+	for {
+		n, err := s.Read(buf)
+		if err != nil || n == 0 {
+			return
+		}
+		mode, addr, _ := strings.Cut(string(buf[:n]), " ")
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), isoEnv+"="+mode, isoAddr+"="+addr)
+		cmd.Stderr = os.Stderr
+		outR, outW, err := os.Pipe()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		inR, inW, err := os.Pipe()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		cmd.Stdout, cmd.Stdin = outW, inR
+		if err := cmd.Start(); err != nil {
+			t.Error(err)
+			return
+		}
+		outW.Close()
+		inR.Close()
+		go cmd.Wait()
+		rights := unix.UnixRights(int(outR.Fd()), int(inW.Fd()))
+		err = unix.Sendmsg(int(s.Fd()), []byte("ok"), rights, nil, 0)
+		outR.Close()
+		inW.Close()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+	}
+}
+
+// launchIso asks the launcher outside this process's namespaces for a
+// client of the isolation test.
+func launchIso(t *testing.T, mode, addr string) (*bufio.Scanner, io.WriteCloser) {
+	t.Helper()
+	s := os.NewFile(3, "launcher")
+	if _, err := s.Write([]byte(mode + " " + addr)); err != nil {
+		t.Fatal(err)
+	}
+	buf, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(8))
+	_, oobn, _, _, err := unix.Recvmsg(int(s.Fd()), buf, oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := parseRights(oob[:oobn])
+	if len(fds) != 2 {
+		t.Fatalf("launcher sent %d descriptors", len(fds))
+	}
+	out, in := os.NewFile(uintptr(fds[0]), "client stdout"), os.NewFile(uintptr(fds[1]), "client stdin")
+	t.Cleanup(func() {
+		// As startIso waits for its client: the client exits once its
+		// stdin closes, and its stdout ends with it.
+		in.Close()
+		out.SetReadDeadline(time.Now().Add(10 * time.Second))
+		io.Copy(io.Discard, out)
+		out.Close()
+	})
+	return bufio.NewScanner(out), in
 }

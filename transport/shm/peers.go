@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -31,35 +32,47 @@ import (
 // clients of a TCP server never do.
 
 // peerID names a peer process: its pid and its start time (so that a
-// reused pid is another peer). pid 0 is a peer whose pid the kernel does
-// not show us (another PID namespace): such peers share one child, keyed
-// by uid.
+// reused pid is another peer). The kernel shows pid 0 for a process of
+// a PID namespace this one cannot see into (a listener in a container
+// sees every client outside it so), and the uid of a process whose user
+// is not mapped in this user namespace as the overflow uid: neither
+// tells two such processes apart. So a peer with pid 0 is never taken
+// for another: it is named by the connection (solo), and each of its
+// connections has a child of its own.
 type peerID struct {
 	pid   int
 	start uint64
 	uid   int
+	solo  uint64 // pid 0: the connection's own number
 }
 
 func (p peerID) String() string {
 	if p.pid == 0 {
-		return "uid" + strconv.Itoa(p.uid)
+		return "conn" + strconv.FormatUint(p.solo, 10)
 	}
 	return "pid" + strconv.Itoa(p.pid)
 }
+
+// soloPeers numbers the connections of peers whose pid is hidden.
+var soloPeers atomic.Uint64
 
 // peerOf names the process the kernel says is at the other end of a
 // socket (SO_PEERCRED).
 func peerOf(cred *unix.Ucred) peerID {
 	id := peerID{pid: int(cred.Pid), uid: int(cred.Uid)}
-	if id.pid != 0 {
-		id.start = startTime(id.pid)
+	if id.pid == 0 {
+		id.solo = soloPeers.Add(1)
+		return id
 	}
+	id.start = startTime(id.pid)
 	return id
 }
 
-// alive reports whether the peer process still runs.
+// alive reports whether the peer may still use its child: its process
+// still runs. A solo peer's child serves one connection, and is done with
+// once that is closed.
 func (p peerID) alive() bool {
-	return p.pid == 0 || startTime(p.pid) == p.start && p.start != 0
+	return p.pid != 0 && startTime(p.pid) == p.start && p.start != 0
 }
 
 // child returns the device for connections to peer, creating it; idle
@@ -77,7 +90,9 @@ func (d *device) child(peer peerID) (*device, error) {
 		return c, nil
 	}
 	for id, c := range d.children {
-		if !id.alive() && c.idle() {
+		// A child made moments ago is idle until its connection makes
+		// its PD: only those older than a set-up are swept.
+		if !id.alive() && c.idle() && time.Since(c.born) > setupTimeout {
 			c.drop()
 			delete(d.children, id)
 		}
@@ -87,7 +102,7 @@ func (d *device) child(peer peerID) (*device, error) {
 		return nil, fmt.Errorf("shm: device for peer %v: %w", peer, err)
 	}
 	c := &device{
-		name: d.name + "/" + peer.String(), mrs: t, parent: d, peer: peer,
+		name: d.name + "/" + peer.String(), mrs: t, parent: d, peer: peer, born: time.Now(),
 		data: &pool{name: dataPool.name}, ctl: &pool{name: ctlPool.name},
 	}
 	if d.children == nil {
