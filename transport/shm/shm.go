@@ -70,7 +70,7 @@ type device struct {
 	// child's peer process.
 	parent *device
 	peer   peerID
-	born   time.Time // a child's creation
+	born   time.Time    // a child's creation
 	pds    atomic.Int32 // PDs open, for dropping an unused child
 	cqs    atomic.Int32
 
