@@ -3,6 +3,8 @@ package bpf
 import (
 	"bytes"
 	"debug/elf"
+	"encoding/binary"
+	"errors"
 	"testing"
 )
 
@@ -57,8 +59,11 @@ func TestSymbolSizeOverflow(t *testing.T) {
 }
 
 // The ELF and .gopclntab reader never panics, whatever the file, and
-// what it locates is consistent: RETs after the entry, within the
-// function's extent.
+// what it locates is consistent: RETs at or after the entry (an empty
+// function is a lone RET), within the function's extent. Minimizing each new input of about 1 KiB takes up to
+// a minute by default, so short runs want a bound on it:
+//
+//	go test -run '^$' -fuzz FuzzELFReader -fuzztime 60s -fuzzminimizetime 200x ./bpf/
 func FuzzELFReader(f *testing.F) {
 	for _, o := range []miniOpts{{}, {stripped: true}, {cPrefix: 0x100, stripped: true}, {symSize: ^uint64(0) - 0x10}} {
 		f.Add(miniELF(miniFuncs, o))
@@ -78,10 +83,32 @@ func FuzzELFReader(f *testing.F) {
 				t.Fatalf("%s: located with no RET", sym)
 			}
 			for _, r := range loc.rets {
-				if r <= loc.entry || r-loc.entry >= maxGoFuncSize {
+				if r < loc.entry || r-loc.entry >= maxGoFuncSize {
 					t.Fatalf("%s: RET %#x outside the function at %#x", sym, r, loc.entry)
 				}
 			}
 		}
 	})
+}
+
+// A stripped binary whose table is older than Go 1.18 cannot hold
+// rdmagrpc's functions: ErrNoSymbol, which the watcher passes over
+// quietly, while a table of no known format is an error.
+func TestOldPclntab(t *testing.T) {
+	for magic, noSym := range map[uint32]bool{pclnMagic12: true, pclnMagic116: true, 0x12345678: false} {
+		data := miniELF(miniFuncs, miniOpts{stripped: true})
+		f, err := elf.NewFile(bytes.NewReader(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint32(data[f.Section(".gopclntab").Offset:], magic)
+		f, err = elf.NewFile(bytes.NewReader(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = locateGoFunc(f, "main.regMR")
+		if err == nil || errors.Is(err, ErrNoSymbol) != noSym {
+			t.Errorf("magic %#x: %v; want an error, ErrNoSymbol %v", magic, err, noSym)
+		}
+	}
 }

@@ -78,8 +78,11 @@ type goSyms struct {
 
 	loaded  bool
 	pcln    *pclnTab
-	text    uint64 // runtime.text: what the table's offsets count from
 	pclnErr error
+
+	haveText bool
+	text     uint64 // runtime.text: what the table's offsets count from
+	textErr  error
 }
 
 func newGoSyms(f *elf.File) *goSyms {
@@ -105,21 +108,13 @@ func (g *goSyms) loadPcln() {
 		g.pclnErr = fmt.Errorf("read .gopclntab: %w", err)
 		return
 	}
-	p, err := parsePcln(data)
-	if err != nil {
-		g.pclnErr = err
-		return
-	}
-	text, err := textStart(g.f, g.syms, sec, p)
-	if err != nil {
-		g.pclnErr = fmt.Errorf(".gopclntab: %w", err)
-		return
-	}
-	g.pcln, g.text = p, text
+	g.pcln, g.pclnErr = parsePcln(data)
 }
 
 // fromPcln returns a function's address and extent (up to the next
-// function) from .gopclntab.
+// function) from .gopclntab. runtime.text is looked for only once a
+// function is found, so that binaries without the functions cost no more
+// than the name lookup.
 func (g *goSyms) fromPcln(symbol string) (addr, size uint64, err error) {
 	g.loadPcln()
 	if g.pclnErr != nil {
@@ -128,6 +123,13 @@ func (g *goSyms) fromPcln(symbol string) (addr, size uint64, err error) {
 	entry, end, err := g.pcln.lookup(symbol)
 	if err != nil {
 		return 0, 0, err
+	}
+	if !g.haveText {
+		g.haveText = true
+		g.text, g.textErr = textStart(g.f, g.syms, g.f.Section(".gopclntab"), g.pcln)
+	}
+	if g.textErr != nil {
+		return 0, 0, fmt.Errorf(".gopclntab: %w", g.textErr)
 	}
 	if g.text > ^uint64(0)-uint64(end) {
 		return 0, 0, fmt.Errorf("%s: runtime.text %#x plus +%#x overflows", symbol, g.text, end)

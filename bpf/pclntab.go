@@ -13,6 +13,8 @@ import (
 const (
 	pclnMagic118 = 0xfffffff0
 	pclnMagic120 = 0xfffffff1
+	pclnMagic12  = 0xfffffffb // Go 1.2 to 1.15
+	pclnMagic116 = 0xfffffffa // Go 1.16 and 1.17
 )
 
 // pclnHeaderSize is the pcHeader of runtime/symtab.go for 8-byte
@@ -43,6 +45,8 @@ func parsePcln(data []byte) (*pclnTab, error) {
 	le := binary.LittleEndian
 	switch m := le.Uint32(data); m {
 	case pclnMagic118, pclnMagic120:
+	case pclnMagic12, pclnMagic116:
+		return nil, fmt.Errorf(".gopclntab of a Go before 1.18, which cannot build rdmagrpc: %w", ErrNoSymbol)
 	default:
 		return nil, fmt.Errorf(".gopclntab: magic %#x is not a Go 1.18+ little-endian table", m)
 	}
@@ -229,10 +233,12 @@ func inExecSection(f *elf.File, addr uint64) bool {
 	return execSection(f, addr) != nil
 }
 
-// execSection returns the executable section holding addr, or nil.
+// execSection returns the executable section holding addr, or nil. Code
+// is never compressed, and a compressed section has no ReaderAt.
 func execSection(f *elf.File, addr uint64) *elf.Section {
 	for _, s := range f.Sections {
-		if s.Type == elf.SHT_PROGBITS && s.Flags&elf.SHF_EXECINSTR != 0 && addr >= s.Addr && addr-s.Addr < s.Size {
+		if s.Type == elf.SHT_PROGBITS && s.Flags&elf.SHF_EXECINSTR != 0 && s.Flags&elf.SHF_COMPRESSED == 0 && s.ReaderAt != nil &&
+			addr >= s.Addr && addr-s.Addr < s.Size {
 			return s
 		}
 	}
