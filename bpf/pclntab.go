@@ -68,7 +68,7 @@ func parsePcln(data []byte) (*pclnTab, error) {
 		return nil, fmt.Errorf(".gopclntab: function table at %#x, outside its %#x bytes", p.pclnOff, size)
 	}
 	// nfunc pairs of uint32 and one end offset, without overflowing.
-	if p.nfunc == 0 || p.nfunc > (size-p.pclnOff-4)/8 {
+	if avail := size - p.pclnOff; p.nfunc == 0 || avail < 4 || p.nfunc > (avail-4)/8 {
 		return nil, fmt.Errorf(".gopclntab: %d functions do not fit in its %#x bytes", p.nfunc, size)
 	}
 	return p, nil
