@@ -100,7 +100,8 @@ func (g *goSyms) loadPcln() {
 	g.loaded = true
 	sec := g.f.Section(".gopclntab")
 	if sec == nil || sec.Type == elf.SHT_NOBITS {
-		g.pclnErr = errors.New("no .gopclntab section (not a Go binary?)")
+		// Every Go binary that can link rdmagrpc has the section.
+		g.pclnErr = fmt.Errorf("no .gopclntab section (not a Go binary?): %w", ErrNoSymbol)
 		return
 	}
 	data, err := sec.Data()
@@ -132,7 +133,7 @@ func (g *goSyms) fromPcln(symbol string) (addr, size uint64, err error) {
 		return 0, 0, fmt.Errorf(".gopclntab: %w", g.textErr)
 	}
 	if g.text > ^uint64(0)-uint64(end) {
-		return 0, 0, fmt.Errorf("%s: runtime.text %#x plus +%#x overflows", symbol, g.text, end)
+		return 0, 0, fmt.Errorf("runtime.text %#x plus +%#x overflows", g.text, end)
 	}
 	return g.text + uint64(entry), uint64(end - entry), nil
 }
@@ -144,7 +145,7 @@ func (g *goSyms) find(symbol string) (addr, size uint64, err error) {
 	pAddr, pSize, pErr := g.fromPcln(symbol)
 	if g.syms == nil {
 		if errors.Is(pErr, ErrNoSymbol) {
-			return 0, 0, pErr
+			return 0, 0, fmt.Errorf("%s: %w", symbol, pErr)
 		}
 		if pErr != nil {
 			return 0, 0, fmt.Errorf("%s: no symbol table, and %w", symbol, pErr)

@@ -123,11 +123,11 @@ func (p *pclnTab) lookup(symbol string) (entry, end uint32, err error) {
 		}
 		entry, end = p.entryOff(i), p.entryOff(i+1)
 		if end <= entry {
-			return 0, 0, fmt.Errorf(".gopclntab: %s ends at +%#x, not after its entry +%#x", symbol, end, entry)
+			return 0, 0, fmt.Errorf(".gopclntab: ends at +%#x, not after its entry +%#x", end, entry)
 		}
 		return entry, end, nil
 	}
-	return 0, 0, fmt.Errorf("%s: %w (not in .gopclntab)", symbol, ErrNoSymbol)
+	return 0, 0, fmt.Errorf("%w (not in .gopclntab)", ErrNoSymbol)
 }
 
 // Offsets in the runtime's moduledata (runtime/symtab.go), for 8-byte
