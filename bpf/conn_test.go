@@ -12,7 +12,9 @@ import (
 
 // Builds of testdata/connenlarge the way services ship: stripped
 // (-ldflags='-s -w': no ELF symbol table, the probes are found through
-// .gopclntab), with -trimpath, and as PIE.
+// .gopclntab), with -trimpath, and as PIE; and each of those linked by the
+// system linker, as every cgo program is, which puts C code at the start
+// of .text, before runtime.text.
 var connBuilds = []struct {
 	name  string
 	flags []string
@@ -21,6 +23,19 @@ var connBuilds = []struct {
 	{"stripped", []string{"-ldflags=-s -w"}},
 	{"pie-trimpath", []string{"-buildmode=pie", "-trimpath"}},
 	{"pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-s -w"}},
+	{"ext", []string{"-ldflags=-linkmode=external"}},
+	{"ext-stripped", []string{"-ldflags=-linkmode=external -s -w"}},
+	{"ext-pie-trimpath", []string{"-buildmode=pie", "-trimpath", "-ldflags=-linkmode=external"}},
+	{"ext-pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-linkmode=external -s -w"}},
+}
+
+// connPairs are the builds whose probes must be found at the same file
+// offsets: each unstripped build (first) and its stripped twin.
+var connPairs = [][2]string{
+	{"default", "stripped"},
+	{"pie-trimpath", "pie-trimpath-stripped"},
+	{"ext", "ext-stripped"},
+	{"ext-pie-trimpath", "ext-pie-trimpath-stripped"},
 }
 
 var connBuilt sync.Map // name → path, built once per run
@@ -40,10 +55,12 @@ func buildConn(t *testing.T, name string, flags []string) string {
 }
 
 // Stripped builds resolve to the very entries and RETs their unstripped
-// twins resolve to through the symbol table.
+// twins resolve to, and those entries are where the unstripped symbol
+// table puts each function, including in binaries whose runtime.text is
+// not the start of .text.
 func TestLocateGoFuncStripped(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds four binaries")
+		t.Skip("builds eight binaries")
 	}
 	locs := map[string]map[string]goFunc{}
 	for _, b := range connBuilds {
@@ -64,12 +81,41 @@ func TestLocateGoFuncStripped(t *testing.T) {
 			}
 			locs[b.name][fn.Symbol] = loc
 		}
+		if !stripped {
+			checkAgainstSymtab(t, b.name, f, locs[b.name])
+		}
 		f.Close()
 	}
-	for _, pair := range [][2]string{{"default", "stripped"}, {"pie-trimpath", "pie-trimpath-stripped"}} {
+	for _, pair := range connPairs {
 		if !reflect.DeepEqual(locs[pair[0]], locs[pair[1]]) {
 			t.Errorf("%s and %s differ:\n%v\n%v", pair[0], pair[1], locs[pair[0]], locs[pair[1]])
 		}
+	}
+}
+
+// checkAgainstSymtab checks located entries against the file offsets of
+// the symbol table's addresses, and that externally linked builds do
+// have C code before runtime.text, which is what makes them a test of
+// finding runtime.text.
+func checkAgainstSymtab(t *testing.T, name string, f *elf.File, locs map[string]goFunc) {
+	t.Helper()
+	syms, err := f.Symbols()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	addr := map[string]uint64{}
+	for _, s := range syms {
+		addr[s.Name] = s.Value
+	}
+	for sym, loc := range locs {
+		off, err := fileOffset(f, addr[sym])
+		if err != nil || off != loc.entry {
+			t.Errorf("%s: %s located at file offset %#x; the symbol table's %#x is at %#x (%v)", name, sym, loc.entry, addr[sym], off, err)
+		}
+	}
+	text := f.Section(".text")
+	if ext := strings.HasPrefix(name, "ext"); ext != (addr["runtime.text"] != text.Addr) {
+		t.Errorf("%s: runtime.text %#x, .text %#x: external linking should put C code first", name, addr["runtime.text"], text.Addr)
 	}
 }
 
@@ -80,7 +126,7 @@ func TestLocateGoFuncStripped(t *testing.T) {
 // slot sizes of conn's defaults.
 func TestConnEnlargementMarker(t *testing.T) {
 	requireRoot(t)
-	for _, b := range []int{0, len(connBuilds) - 1} {
+	for _, b := range []int{0, 3, len(connBuilds) - 1} {
 		b := connBuilds[b]
 		t.Run(b.name, func(t *testing.T) {
 			bin := buildConn(t, b.name, b.flags)

@@ -2,11 +2,8 @@ package bpf
 
 import (
 	"debug/elf"
-	"debug/gosym"
 	"errors"
 	"fmt"
-
-	"golang.org/x/arch/x86/x86asm"
 )
 
 // ErrNoSymbol means the binary has no (default-version) definition of the
@@ -21,7 +18,7 @@ func fileOffset(f *elf.File, vaddr uint64) (uint64, error) {
 		if p.Type != elf.PT_LOAD || p.Flags&elf.PF_X == 0 {
 			continue
 		}
-		if p.Vaddr <= vaddr && vaddr < p.Vaddr+p.Filesz {
+		if vaddr >= p.Vaddr && vaddr-p.Vaddr < p.Filesz {
 			return vaddr - p.Vaddr + p.Off, nil
 		}
 	}
@@ -68,14 +65,24 @@ type goFunc struct {
 	rets  []uint64
 }
 
-// goSyms finds Go functions in a binary: in its ELF symbol table, or,
-// when that is stripped (-ldflags=-s), in .gopclntab, the function table
-// every Go binary keeps for the runtime's own stack traces.
+// maxGoFuncSize bounds the code read for one function. The compiler emits
+// nothing near it; a larger extent comes from a corrupt table.
+const maxGoFuncSize = 16 << 20
+
+// goSyms finds Go functions in a binary through .gopclntab, the function
+// table every Go binary keeps for the runtime's own stack traces, and,
+// where the binary has one, its ELF symbol table, which must agree.
 type goSyms struct {
-	f     *elf.File
-	syms  []elf.Symbol // nil: stripped
-	table *gosym.Table // built on first use when stripped
-	err   error
+	f    *elf.File
+	syms []elf.Symbol // nil: stripped
+
+	loaded  bool
+	pcln    *pclnTab
+	pclnErr error
+
+	haveText bool
+	text     uint64 // runtime.text: what the table's offsets count from
+	textErr  error
 }
 
 func newGoSyms(f *elf.File) *goSyms {
@@ -86,122 +93,127 @@ func newGoSyms(f *elf.File) *goSyms {
 	return g
 }
 
-// find returns the address and size of a Go function.
+func (g *goSyms) loadPcln() {
+	if g.loaded {
+		return
+	}
+	g.loaded = true
+	sec := g.f.Section(".gopclntab")
+	if sec == nil || sec.Type == elf.SHT_NOBITS {
+		// Every Go binary that can link rdmagrpc has the section.
+		g.pclnErr = fmt.Errorf("no .gopclntab section (not a Go binary?): %w", ErrNoSymbol)
+		return
+	}
+	data, err := sec.Data()
+	if err != nil {
+		g.pclnErr = fmt.Errorf("read .gopclntab: %w", err)
+		return
+	}
+	g.pcln, g.pclnErr = parsePcln(data)
+}
+
+// fromPcln returns a function's address and extent (up to the next
+// function) from .gopclntab. runtime.text is looked for only once a
+// function is found, so that binaries without the functions cost no more
+// than the name lookup.
+func (g *goSyms) fromPcln(symbol string) (addr, size uint64, err error) {
+	g.loadPcln()
+	if g.pclnErr != nil {
+		return 0, 0, g.pclnErr
+	}
+	entry, end, err := g.pcln.lookup(symbol)
+	if err != nil {
+		return 0, 0, err
+	}
+	if !g.haveText {
+		g.haveText = true
+		g.text, g.textErr = textStart(g.f, g.syms, g.f.Section(".gopclntab"), g.pcln)
+	}
+	if g.textErr != nil {
+		return 0, 0, fmt.Errorf(".gopclntab: %w", g.textErr)
+	}
+	if g.text > ^uint64(0)-uint64(end) {
+		return 0, 0, fmt.Errorf("runtime.text %#x plus +%#x overflows", g.text, end)
+	}
+	return g.text + uint64(entry), uint64(end - entry), nil
+}
+
+// find returns the address and size of a Go function. With a symbol
+// table, the symbol's address must be the table's entry for the function
+// and its size must fit in the table's extent.
 func (g *goSyms) find(symbol string) (addr, size uint64, err error) {
-	if g.syms != nil {
-		for _, s := range g.syms {
-			if s.Name == symbol && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
-				return s.Value, s.Size, nil
-			}
+	pAddr, pSize, pErr := g.fromPcln(symbol)
+	if g.syms == nil {
+		if errors.Is(pErr, ErrNoSymbol) {
+			return 0, 0, fmt.Errorf("%s: %w", symbol, pErr)
 		}
+		if pErr != nil {
+			return 0, 0, fmt.Errorf("%s: no symbol table, and %w", symbol, pErr)
+		}
+		return pAddr, pSize, nil
+	}
+	var sym *elf.Symbol
+	for i := range g.syms {
+		s := &g.syms[i]
+		if s.Name == symbol && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+			sym = s
+			break
+		}
+	}
+	switch {
+	case sym == nil && errors.Is(pErr, ErrNoSymbol):
 		return 0, 0, fmt.Errorf("%s: %w", symbol, ErrNoSymbol)
+	case sym == nil && pErr == nil:
+		return 0, 0, fmt.Errorf("%s: in .gopclntab at %#x but not in the symbol table", symbol, pAddr)
+	case sym == nil:
+		return 0, 0, fmt.Errorf("%s: %w (symbol table), and %w", symbol, ErrNoSymbol, pErr)
+	case pErr != nil:
+		return 0, 0, fmt.Errorf("%s: cannot check the symbol table against .gopclntab: %w", symbol, pErr)
+	case sym.Value != pAddr || sym.Size == 0 || sym.Size > pSize:
+		return 0, 0, fmt.Errorf("%s: symbol table says %#x+%#x, .gopclntab %#x+%#x", symbol, sym.Value, sym.Size, pAddr, pSize)
 	}
-	if g.table == nil && g.err == nil {
-		g.table, g.err = pclnTable(g.f)
-	}
-	if g.err != nil {
-		return 0, 0, fmt.Errorf("%s: %w: no symbol table, and %v", symbol, ErrNoSymbol, g.err)
-	}
-	fn := g.table.LookupFunc(symbol)
-	if fn == nil {
-		return 0, 0, fmt.Errorf("%s: %w (not in .gopclntab)", symbol, ErrNoSymbol)
-	}
-	return fn.Entry, fn.End - fn.Entry, nil
+	return sym.Value, sym.Size, nil
 }
 
-// pclnTable reads the function table of a Go binary from .gopclntab.
-func pclnTable(f *elf.File) (*gosym.Table, error) {
-	pcln := f.Section(".gopclntab")
-	text := f.Section(".text")
-	if pcln == nil || text == nil {
-		return nil, errors.New("no .gopclntab section (not a Go binary?)")
-	}
-	data, err := pcln.Data()
-	if err != nil {
-		return nil, fmt.Errorf("read .gopclntab: %w", err)
-	}
-	t, err := gosym.NewTable(nil, gosym.NewLineTable(data, text.Addr))
-	if err != nil {
-		return nil, fmt.Errorf("parse .gopclntab: %w", err)
-	}
-	return t, nil
-}
-
-// locateGoFunc finds a Go function of a Go binary (symbol table, else
-// .gopclntab) and disassembles it to find its RET instructions.
+// locateGoFunc finds a Go function of a Go binary and the RET
+// instructions in it, verified as verifyGoCode says.
 func locateGoFunc(f *elf.File, symbol string) (goFunc, error) {
 	return newGoSyms(f).locate(symbol)
 }
 
 func (g *goSyms) locate(symbol string) (goFunc, error) {
 	f := g.f
-	if f.Machine != elf.EM_X86_64 {
+	if f.Machine != elf.EM_X86_64 || f.Class != elf.ELFCLASS64 {
 		return goFunc{}, fmt.Errorf("machine %v: only x86-64 Go binaries are supported", f.Machine)
 	}
 	addr, size, err := g.find(symbol)
 	if err != nil {
 		return goFunc{}, err
 	}
-	var sec *elf.Section
-	for _, s := range f.Sections {
-		if s.Type == elf.SHT_PROGBITS && s.Flags&elf.SHF_EXECINSTR != 0 && s.Addr <= addr && addr < s.Addr+s.Size {
-			sec = s
-			break
-		}
-	}
-	if sec == nil || size == 0 || addr+size > sec.Addr+sec.Size {
-		return goFunc{}, fmt.Errorf("%s: bad extent %#x+%d", symbol, addr, size)
+	sec := execSection(f, addr)
+	if sec == nil || size == 0 || size > maxGoFuncSize || size > sec.Size-(addr-sec.Addr) {
+		return goFunc{}, fmt.Errorf("%s: extent %#x+%#x is not inside an executable section", symbol, addr, size)
 	}
 	code := make([]byte, size)
 	if _, err := sec.ReadAt(code, int64(addr-sec.Addr)); err != nil {
-		return goFunc{}, fmt.Errorf("%s: read code: %w", symbol, err)
+		return goFunc{}, fmt.Errorf("%s: read code at %#x: %w", symbol, addr, err)
 	}
-	rets, err := retOffsets(code)
+	rets, err := verifyGoCode(addr, code)
 	if err != nil {
-		return goFunc{}, fmt.Errorf("%s: %w", symbol, err)
-	}
-	if len(rets) == 0 {
-		return goFunc{}, fmt.Errorf("%s: no RET instruction (function never returns?)", symbol)
+		return goFunc{}, fmt.Errorf("%s at %#x: %w", symbol, addr, err)
 	}
 	entry, err := fileOffset(f, addr)
 	if err != nil {
 		return goFunc{}, fmt.Errorf("%s: %w", symbol, err)
+	}
+	// The whole function must be mapped by the same segment, so that the
+	// RETs' file offsets are entry plus their offsets.
+	if last, err := fileOffset(f, addr+size-1); err != nil || last != entry+size-1 {
+		return goFunc{}, fmt.Errorf("%s: extent %#x+%#x crosses a segment boundary", symbol, addr, size)
 	}
 	loc := goFunc{entry: entry}
 	for _, r := range rets {
 		loc.rets = append(loc.rets, entry+r)
 	}
 	return loc, nil
-}
-
-// retOffsets decodes x86-64 code linearly and returns the offsets of its
-// near RET instructions. Go emits no data inside function bodies, so a
-// linear sweep sees every instruction; an undecodable byte stops us rather
-// than letting a guess put a probe mid-instruction.
-func retOffsets(code []byte) ([]uint64, error) {
-	var rets []uint64
-	for off := 0; off < len(code); {
-		inst, err := x86asm.Decode(code[off:], 64)
-		if err != nil {
-			// Trailing INT3 padding is not part of the function proper.
-			if allInt3(code[off:]) {
-				break
-			}
-			return nil, fmt.Errorf("decode at +%#x: %w", off, err)
-		}
-		if inst.Op == x86asm.RET {
-			rets = append(rets, uint64(off))
-		}
-		off += inst.Len
-	}
-	return rets, nil
-}
-
-func allInt3(b []byte) bool {
-	for _, c := range b {
-		if c != 0xcc {
-			return false
-		}
-	}
-	return true
 }

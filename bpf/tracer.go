@@ -137,80 +137,87 @@ func (t *Tracer) AttachLibibverbs(path string) error {
 
 // AttachGoFunc probes one Go function of the binary at path: an entry
 // uprobe and one uprobe per RET instruction. A stripped binary
-// (-ldflags=-s) is found through .gopclntab.
+// (-ldflags=-s) is found through .gopclntab. Every probe address is
+// verified first (see verifyGoCode); on any doubt nothing is attached.
 func (t *Tracer) AttachGoFunc(path string, fn GoFunc) error {
-	f, err := elf.Open(path)
-	if err != nil {
-		return fmt.Errorf("bpf: open %s: %w", path, err)
-	}
-	defer f.Close()
-	return t.attachGo(newGoSyms(f), path, fn)
+	_, err := t.attachGoFuncs(path, []GoFunc{fn}, false)
+	return err
 }
 
 // AttachGoFuncs probes every function of fns that the binary at path
 // defines and returns their symbols. Functions the binary lacks are
-// skipped; it is an error only if none is found.
+// skipped; it is an error if none is found. The binary's probes are
+// attached all or none: if any function it defines cannot be located and
+// verified (see verifyGoCode), or any probe fails to attach, no probe of
+// this call stays attached and the error says why.
 func (t *Tracer) AttachGoFuncs(path string, fns []GoFunc) ([]string, error) {
+	return t.attachGoFuncs(path, fns, true)
+}
+
+func (t *Tracer) attachGoFuncs(path string, fns []GoFunc, skipMissing bool) ([]string, error) {
 	f, err := elf.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("bpf: open %s: %w", path, err)
 	}
 	defer f.Close()
 	syms := newGoSyms(f)
-	var done []string
+	var found []GoFunc
+	var locs []goFunc
 	for _, fn := range fns {
-		err := t.attachGo(syms, path, fn)
-		if errors.Is(err, ErrNoSymbol) {
+		loc, err := syms.locate(fn.Symbol)
+		if skipMissing && errors.Is(err, ErrNoSymbol) {
 			continue
 		}
 		if err != nil {
-			return done, err
+			return nil, fmt.Errorf("bpf: %s: refusing to attach any probe to this binary: %w", path, err)
 		}
-		done = append(done, fn.Symbol)
+		found = append(found, fn)
+		locs = append(locs, loc)
 	}
-	if len(done) == 0 {
+	if len(found) == 0 {
 		return nil, fmt.Errorf("bpf: %s defines none of the %d rdmagrpc probe functions: %w", path, len(fns), ErrNoSymbol)
-	}
-	return done, nil
-}
-
-func (t *Tracer) attachGo(syms *goSyms, path string, fn GoFunc) error {
-	loc, err := syms.locate(fn.Symbol)
-	if err != nil {
-		return fmt.Errorf("bpf: %s: %w", path, err)
 	}
 	ex, err := link.OpenExecutable(path)
 	if err != nil {
-		return fmt.Errorf("bpf: %w", err)
+		return nil, fmt.Errorf("bpf: %w", err)
 	}
-	id, err := t.addProbe(probe{shape: shapeGoFunc, name: fn.Symbol, kind: fn.Kind, goFn: fn})
-	if err != nil {
-		return err
-	}
-	var links []link.Link
-	fail := func(err error) error {
-		for _, l := range links {
+	var all []link.Link
+	fail := func(err error) ([]string, error) {
+		for _, l := range all {
 			l.Close()
 		}
-		return fmt.Errorf("bpf: %s:%s: %w", path, fn.Symbol, err)
+		return nil, fmt.Errorf("bpf: %s: attached no probe: %w", path, err)
 	}
-	// Return probes go first so no call is entered without a way out.
-	for _, off := range loc.rets {
-		opts := t.uprobeOpts(off, id, shapeGoFunc)
-		l, err := ex.Uprobe("", t.objs.GoReturn, &opts)
+	perFunc := make([][]link.Link, len(found))
+	for i, fn := range found {
+		id, err := t.addProbe(probe{shape: shapeGoFunc, name: fn.Symbol, kind: fn.Kind, goFn: fn})
 		if err != nil {
-			return fail(fmt.Errorf("RET uprobe at %#x: %w", off, err))
+			return fail(err)
 		}
-		links = append(links, l)
+		// Return probes go first so no call is entered without a way out.
+		for _, off := range locs[i].rets {
+			opts := t.uprobeOpts(off, id, shapeGoFunc)
+			l, err := ex.Uprobe("", t.objs.GoReturn, &opts)
+			if err != nil {
+				return fail(fmt.Errorf("%s: RET uprobe at %#x: %w", fn.Symbol, off, err))
+			}
+			all = append(all, l)
+			perFunc[i] = append(perFunc[i], l)
+		}
+		opts := t.uprobeOpts(locs[i].entry, id, shapeGoFunc)
+		l, err := ex.Uprobe("", t.objs.GoEntry, &opts)
+		if err != nil {
+			return fail(fmt.Errorf("%s: entry uprobe: %w", fn.Symbol, err))
+		}
+		all = append(all, l)
+		perFunc[i] = append(perFunc[i], l)
 	}
-	opts := t.uprobeOpts(loc.entry, id, shapeGoFunc)
-	l, err := ex.Uprobe("", t.objs.GoEntry, &opts)
-	if err != nil {
-		return fail(fmt.Errorf("entry uprobe: %w", err))
+	done := make([]string, len(found))
+	for i, fn := range found {
+		t.keep(path+":"+fn.Symbol, perFunc[i]...)
+		done[i] = fn.Symbol
 	}
-	links = append(links, l)
-	t.keep(path+":"+fn.Symbol, links...)
-	return nil
+	return done, nil
 }
 
 func (t *Tracer) uprobeOpts(fileOff uint64, id uint32, shape probeShape) link.UprobeOptions {
