@@ -47,15 +47,21 @@ type connRow struct {
 	Provider string
 	Role     string
 	Phase    string
-	Peer     string
-	Source   string // socket | probe
+	Listener string // the listener's host:port (the server end's own)
+	PeerPID  string // "?" when not seen
 }
 
-const connsHeader = "%7s %-12s %5s %-5s %-6s %-11s %-21s %s"
+// connsHeader lays a row out in 79 columns; a listener address longer
+// than 21 (IPv6) is cut at its start, keeping the port.
+const connsHeader = "%7s %-10s %5s %-5s %-6s %-11s %-21s %7s"
 
 func (r connRow) String() string {
-	return fmt.Sprintf(connsHeader, fmt.Sprint(r.PID), truncate(r.Comm, 12), r.ID, r.Provider, r.Role,
-		truncate(r.Phase, 11), truncate(r.Peer, 21), r.Source)
+	l := r.Listener
+	if len(l) > 21 {
+		l = "…" + l[len(l)-20:]
+	}
+	return fmt.Sprintf(connsHeader, fmt.Sprint(r.PID), truncate(r.Comm, 10), r.ID, r.Provider, r.Role,
+		truncate(r.Phase, 11), l, r.PeerPID)
 }
 
 func runConns(args []string, out, stderr io.Writer) int {
@@ -115,11 +121,11 @@ func connRows(ends []shmEnd, st *stats, pid int, commOf func(int) string) []conn
 		if e.Server {
 			role = "server"
 		}
-		peer := e.Addr
+		peer := "?"
 		if e.PeerPID != 0 {
-			peer = fmt.Sprintf("%s pid %d", e.Addr, e.PeerPID)
+			peer = fmt.Sprint(e.PeerPID)
 		}
-		rows = append(rows, connRow{PID: e.PID, Comm: commOf(e.PID), ID: "?", Provider: provShm, Role: role, Phase: "?", Peer: peer, Source: "socket"})
+		rows = append(rows, connRow{PID: e.PID, Comm: commOf(e.PID), ID: "?", Provider: provShm, Role: role, Phase: "?", Listener: e.Addr, PeerPID: peer})
 	}
 	if st != nil {
 		for _, p := range st.rows(byPID, true, "", false) {
@@ -133,7 +139,7 @@ func connRows(ends []shmEnd, st *stats, pid int, commOf func(int) string) []conn
 			slices.Sort(ids)
 			for _, id := range ids {
 				rows = append(rows, connRow{PID: int(p.PID), Comm: p.Comm, ID: strings.TrimPrefix(conn.ConnName(id), "conn "),
-					Provider: p.open[id], Role: "?", Phase: p.phaseOf(id), Peer: "?", Source: "probe"})
+					Provider: p.open[id], Role: "?", Phase: p.phaseOf(id), Listener: "?", PeerPID: "?"})
 			}
 		}
 	}
@@ -154,7 +160,7 @@ func (p *proc) phaseOf(id uint64) string {
 }
 
 func printConns(out io.Writer, rows []connRow, trace time.Duration) {
-	fmt.Fprintf(out, connsHeader+"\n", "PID", "COMM", "CONN", "PROV", "ROLE", "PHASE tx/rx", "PEER", "SOURCE")
+	fmt.Fprintf(out, connsHeader+"\n", "PID", "COMM", "CONN", "PROV", "ROLE", "PHASE tx/rx", "LISTENER", "PEERPID")
 	for _, r := range rows {
 		fmt.Fprintln(out, r)
 	}
@@ -163,13 +169,14 @@ func printConns(out io.Writer, rows []connRow, trace time.Duration) {
 	}
 	fmt.Fprintln(out, "\nWhat this cannot see:")
 	notes := []string{
-		"shm rows from sockets: no connection id or phase (only the probes carry",
-		"  them); a client end's peer only where sock_diag works",
+		"rows with CONN ? come from the sockets: shm only, with no connection id or",
+		"  phase (only the probes carry them); PEERPID where sock_diag works",
 		"verbs and tcp connections opened before tracing: their rdma_cm and TCP",
 		"  sockets do not tell an rdmagrpc connection from another",
 		"registered bytes per connection: registrations carry no connection id",
 		"  (per process: the live view's LIVE)",
-		"the peer of a probed connection: its markers carry no address",
+		"rows with an id come from the probes: role, listener and peer of such a",
+		"  connection are not in its markers",
 	}
 	if trace == 0 {
 		notes = append(notes, "ids, providers and phases: run with --trace 5s (root)")

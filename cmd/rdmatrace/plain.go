@@ -40,7 +40,11 @@ func plainField(s string) string {
 }
 
 func plainLine(t time.Time, pid uint32, comm, kind, connID, details string) string {
-	return fmt.Sprintf("%s %-7d %-15s %-9s %4s %s", t.Format("15:04:05.000"), pid, plainField(comm), kind, connID, details)
+	l := fmt.Sprintf("%s %-7d %-15s %-9s %4s", t.Format("15:04:05.000"), pid, plainField(comm), kind, connID)
+	if details != "" {
+		l += " " + details
+	}
+	return l
 }
 
 // plainEvent is the line of an event worth a line of its own, or "" for

@@ -304,7 +304,7 @@ func TestConnsFindsShmConnections(t *testing.T) {
 	me := os.Getpid()
 	var rows []connRow
 	for _, r := range connRows(shmEnds(socks, socketOwners("/proc")), nil, me, func(int) string { return "test" }) {
-		if strings.HasPrefix(r.Peer, l.Addr().String()) {
+		if r.Listener == l.Addr().String() {
 			rows = append(rows, r)
 		}
 	}
@@ -316,8 +316,8 @@ func TestConnsFindsShmConnections(t *testing.T) {
 		t.Errorf("roles %q", roles)
 	}
 	for _, r := range rows {
-		if !strings.HasSuffix(r.Peer, fmt.Sprintf("pid %d", me)) {
-			t.Errorf("peer %q, want this process", r.Peer)
+		if r.PeerPID != fmt.Sprint(me) {
+			t.Errorf("peer pid %q, want this process's", r.PeerPID)
 		}
 	}
 	var out bytes.Buffer
