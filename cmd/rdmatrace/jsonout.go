@@ -86,6 +86,8 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 	enc := json.NewEncoder(out)
 	start := time.Now()
 	st := newStats(start)
+	st.ranBefore = startedBefore
+	disc := newDiscovery(cfg.pid)
 	if cfg.duration > 0 {
 		tr.SetDeadline(start.Add(cfg.duration))
 	}
@@ -114,6 +116,7 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 		}
 	}
 	elapsed := time.Since(start)
+	st.setFound(disc.found(), commOf)
 	st.markExited(processAlive)
 	procs := st.rows(byPID, true, "", false)
 	for _, p := range procs {
