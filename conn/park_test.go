@@ -247,7 +247,7 @@ func (c *Conn) Err() error {
 	return c.err
 }
 
-// Each park is counted in rdmagrpc.park.count, by side.
+// Each park is counted in rdmagrpc.parks, by side.
 func TestParkMetric(t *testing.T) {
 	h := newOtelSDK(t)
 	a, b := conns(t, h.opts(WithIdleShrink(20*time.Millisecond))...)

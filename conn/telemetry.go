@@ -1,8 +1,10 @@
 package conn
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
@@ -23,6 +25,30 @@ var telemetryOutcomes = [...]telemetry.Outcome{
 	outcomeServed:     telemetry.Served,
 	outcomeServeError: telemetry.ServeRefused,
 }
+
+// ID is the connection's identity: unique among the connections of this
+// process (each end of a connection has its own), it is the
+// rdmagrpc.connection.id of the connection's spans and of the RPC spans
+// on it, and the id rdmatrace reads from the connection's markers. With
+// the process id (rdmatrace's PID column, an OpenTelemetry resource's
+// process.pid) it names one connection end on a host.
+//
+// A dial negotiated behind its TCP connection returns a Conn before the
+// negotiation ends; once upgraded, the connection's spans and markers are
+// the upgraded Conn's, so ID waits for the negotiation, as Stats does,
+// and returns that Conn's id (the dial's own when it stays on TCP).
+func (c *Conn) ID() uint64 {
+	if c.tcp != nil && c.tcp.neg != nil {
+		if r, err := c.tcp.neg.wait(context.Background(), waitNoDeadline); err == nil && r != nil {
+			return r.id
+		}
+	}
+	return c.id
+}
+
+// ConnName is how a connection ID is printed, by rdmatrace, the demo and
+// logs alike: "conn 3", decimal as the span attribute is.
+func ConnName(id uint64) string { return "conn " + strconv.FormatUint(id, 10) }
 
 var errPeerRefused = errors.New("peer refused to provision large buffers")
 

@@ -620,3 +620,52 @@ func allocsPerOp(runs int, f func()) float64 {
 	runtime.ReadMemStats(&after)
 	return float64(after.Mallocs-before.Mallocs) / float64(runs)
 }
+
+// ID is the rdmagrpc.connection.id of the connection's span on each end,
+// also for a dial whose upgrade was negotiated behind its TCP connection
+// (the Conn the dial returns is not the one that carries the spans).
+func TestTelemetryIDIsTheSpans(t *testing.T) {
+	h := newOtelSDK(t)
+	l, err := Listen(context.Background(), "127.0.0.1:0", h.opts(WithProvider("shm"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	nc, err := Dial(context.Background(), l.Addr().String(), h.opts(WithProvider("shm"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Write([]byte(h2Preface)); err != nil { // what a gRPC client sends first
+		t.Fatal(err)
+	}
+	sc, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	ids := map[string]uint64{telemetry.Client: nc.(*Conn).ID(), telemetry.Server: sc.(*Conn).ID()}
+	if p := nc.(*Conn).Stats().Provider; p != "shm" {
+		t.Fatalf("client provider %q, want shm", p)
+	}
+	nc.Close()
+	sc.Close()
+	waitFor(t, func() bool { return len(h.spansNamed(telemetry.SpanConn)) == 2 })
+	for _, s := range h.spansNamed(telemetry.SpanConn) {
+		a := attrsOf(s.Attributes())
+		role := a[string(telemetry.KeyRole)].AsString()
+		if got := a[string(telemetry.KeyConnID)].AsInt64(); uint64(got) != ids[role] {
+			t.Errorf("%s: span's connection id %d, ID() %d", role, got, ids[role])
+		}
+	}
+	if ids[telemetry.Client] == ids[telemetry.Server] {
+		t.Errorf("both ends have id %d", ids[telemetry.Client])
+	}
+}

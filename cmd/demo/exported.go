@@ -130,7 +130,7 @@ func duration(s exportedSpan) time.Duration {
 
 // printRPC prints one RPC span's transport events and links.
 func printRPC(s exportedSpan, byID map[string]exportedSpan) {
-	fmt.Printf("    on rdmagrpc connection %v (%v), phase %v at its start\n",
+	fmt.Printf("    on rdmagrpc conn %v (%v), phase %v at its start\n",
 		s.attr("rdmagrpc.connection.id"), s.attr("rdmagrpc.provider"), s.attr("rdmagrpc.buffer.phase"))
 	for _, e := range s.Events {
 		if !strings.HasPrefix(e.Name, "rdmagrpc.") {

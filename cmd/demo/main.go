@@ -141,7 +141,7 @@ func show(when string, client, server *recorder) {
 		side.r.mu.Lock()
 		for _, c := range side.r.conns {
 			s := c.Stats()
-			fmt.Printf("  %s %v→%v  provider %s\n", side.name, c.LocalAddr(), c.RemoteAddr(), s.Provider)
+			fmt.Printf("  %s %s (pid %d)  %v→%v  provider %s\n", side.name, conn.ConnName(c.ID()), os.Getpid(), c.LocalAddr(), c.RemoteAddr(), s.Provider)
 			fmt.Printf("    registered %7d bytes   send phase %-6s recv phase %-6s  bytes out %9d in %9d  credit stalls %d\n",
 				s.RegisteredBytes, s.SendPhase, s.RecvPhase, s.BytesOut, s.BytesIn, s.CreditStalls)
 			if s.Enlargements+s.EnlargeFailures > 0 {

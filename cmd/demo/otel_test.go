@@ -147,7 +147,7 @@ func TestDemoExportsOpenTelemetry(t *testing.T) {
 	if open["rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=client,rdmagrpc.provider=shm"] != 1 || open["rdmagrpc.buffer.phase=large,rdmagrpc.connection.role=server,rdmagrpc.provider=shm"] != 1 {
 		t.Errorf("open connections at the snapshot: %v, want one client and one server, both large", open)
 	}
-	enlargements := points(exports[1], "rdmagrpc.enlargement.count")
+	enlargements := points(exports[1], "rdmagrpc.enlargements")
 	if enlargements["rdmagrpc.enlargement.outcome=enlarged,rdmagrpc.enlargement.side=sender"] != 2 ||
 		enlargements["rdmagrpc.enlargement.outcome=served,rdmagrpc.enlargement.side=receiver"] != 2 || len(enlargements) != 2 {
 		t.Errorf("enlargement counter at exit: %v, want 2 enlarged, 2 served", enlargements)

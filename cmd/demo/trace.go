@@ -136,7 +136,7 @@ func (v *ebpfView) report() {
 	}
 	fmt.Println()
 	for _, ev := range enl {
-		fmt.Printf("  enlargement  conn %d  %d → %d bytes  took %v  %s\n", ev.ConnID, ev.FromSize, ev.ToSize,
+		fmt.Printf("  enlargement  %s  %d → %d bytes  took %v  %s\n", conn.ConnName(ev.ConnID), ev.FromSize, ev.ToSize,
 			ev.EnlargeDuration.Round(time.Microsecond), conn.EnlargeOutcome(ev.Outcome))
 	}
 	if serr == nil && (stats.Lost > 0 || stats.EntryDropped > 0) {

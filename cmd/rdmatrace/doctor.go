@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,6 +73,7 @@ func runDoctor(args []string, out, stderr io.Writer) int {
 	r.host()
 	devs := verbs.Sysfs(c.sysfs)
 	r.devices(devs, c.sysfs)
+	r.counters(c.sysfs)
 	r.memlock()
 	r.providers()
 	r.settings()
@@ -159,6 +161,45 @@ func (r *report) devices(devs []verbs.DeviceInfo, sysfs string) {
 			}
 			if p.LinkLayer == "Ethernet" && !v2[true] {
 				r.problem("%s port %d has no RoCE v2 GID for an IPv4 address: rdma_cm cannot route IPv4 over it with RoCE v2 (give the network device an IPv4 address; in a pod, the GID table shows the pod's addresses only when the device plugin shares the namespace)", d.Name, p.Num)
+			}
+		}
+	}
+	r.printf("\n")
+}
+
+// counters prints each port's hardware and port counters that are not
+// zero, and makes a problem of each error counter that is.
+func (r *report) counters(sysfs string) {
+	ports, err := readHWCounters(sysfs)
+	r.printf("port counters (hw_counters and counters):\n")
+	switch {
+	case err != nil:
+		r.printf("  unreadable: %v\n\n", err)
+		return
+	case len(ports) == 0:
+		r.printf("  none: no RDMA device on this host\n\n")
+		return
+	}
+	for _, p := range ports {
+		names := slices.Sorted(maps.Keys(p.Values))
+		var nonzero []string
+		for _, n := range names {
+			if v := p.Values[n]; v != 0 {
+				nonzero = append(nonzero, fmt.Sprintf("%s %d", n, v))
+			}
+		}
+		r.printf("  %s: %d counters", p.name(), len(names))
+		if len(nonzero) == 0 {
+			r.printf(", all zero\n")
+		} else {
+			r.printf(", not zero:\n")
+			for _, l := range wrap(strings.Join(nonzero, ", "), 74) {
+				r.printf("    %s\n", l)
+			}
+		}
+		for _, c := range errorCounters {
+			if v := p.Values[c.name]; v != 0 {
+				r.problem("%s: %s is %d: %s (the counter counts since the driver loaded; watch its rate in the live view)", p.name(), c.name, v, c.meaning)
 			}
 		}
 	}

@@ -60,10 +60,16 @@ type jsonSummary struct {
 	LargeSend int `json:"large_send_connections"`
 	LargeRecv int `json:"large_receive_connections"`
 	SmallDirs int `json:"small_directions"`
-	// Open connections by provider, from the connection markers.
-	RDMAConns int  `json:"rdma_connections"`
-	TCPConns  int  `json:"tcp_connections"`
-	Exited    bool `json:"exited"`
+	// Open connections by provider, from the connection markers (and
+	// the socket scan for those open before rdmatrace started); RDMA
+	// connections whose provider could not be told are UnknownRDMA.
+	// Partial: the process ran before rdmatrace, the counts may be short.
+	ShmConns    int  `json:"shm_connections"`
+	VerbsConns  int  `json:"verbs_connections"`
+	TCPConns    int  `json:"tcp_connections"`
+	UnknownRDMA int  `json:"rdma_unknown_provider_connections,omitempty"`
+	Partial     bool `json:"partial,omitempty"`
+	Exited      bool `json:"exited"`
 }
 
 type jsonTotals struct {
@@ -80,6 +86,8 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 	enc := json.NewEncoder(out)
 	start := time.Now()
 	st := newStats(start)
+	st.ranBefore = startedBefore
+	disc := newDiscovery(cfg.pid)
 	if cfg.duration > 0 {
 		tr.SetDeadline(start.Add(cfg.duration))
 	}
@@ -108,14 +116,16 @@ func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 		}
 	}
 	elapsed := time.Since(start)
+	st.setFound(disc.found(), commOf)
 	st.markExited(processAlive)
 	procs := st.rows(byPID, true, "", false)
 	for _, p := range procs {
 		sl, rl, sm := p.phases()
-		rdma, tcp := p.providers()
+		n := p.providers()
 		enc.Encode(jsonSummary{
 			LargeSend: sl, LargeRecv: rl, SmallDirs: sm, Exited: p.Exited,
-			RDMAConns: rdma, TCPConns: tcp,
+			ShmConns: n[provShm] + p.Found[provShm], VerbsConns: n[provVerbs] + p.Found[provVerbs],
+			TCPConns: n[provTCP] + p.Found[provTCP], UnknownRDMA: n[provRDMA], Partial: p.Partial,
 			Type: "summary", PID: p.PID, Comm: p.Comm,
 			Regs: p.Regs, RegFails: p.RegFails, Deregs: p.Deregs, Reregs: p.Reregs,
 			Registered: p.Registered, Live: p.Live(),

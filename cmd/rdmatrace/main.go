@@ -43,7 +43,9 @@ What is traced:
                     when rdmatrace sees the host's PID namespace.
 
 Usage:
-  sudo rdmatrace [flags]
+  sudo rdmatrace [flags]          the live view (plain lines when stdout is not a terminal)
+  rdmatrace doctor [flags]        check this machine for rdmagrpc over RDMA (rdmatrace doctor --help)
+  rdmatrace conns [flags]         list open rdmagrpc connections, as ss lists sockets (rdmatrace conns --help)
 
 Flags:
 %s
@@ -52,21 +54,36 @@ Keys in the live view:
   r        reverse the sort order
   /        filter: type part of a command name or pid, Enter to apply, Esc to cancel
   c, Esc   clear the filter
-  ↑ ↓      select the process whose latency histogram is shown
+  x        hide / show processes that exited
+  ↑ ↓      select the process whose connections and latency histogram are shown
   q        quit
 
 Columns: REG/s registrations per second over the last interval; REGS and
-FAIL successful and failed registrations; REGISTERED bytes registered in
-total; LIVE bytes registered and not yet released, counted from when
-rdmatrace started (a * means the process released memory registered before
-that); p50/p99 over its last 4096 registrations; ENL enlargements, SHR shrinks (either direction back to small), PRK parks (an idle
-small ring's pages given back, either direction).
+FAIL successful and failed registrations; REGD bytes registered in total;
+LIVE bytes registered and not yet released, counted from when rdmatrace
+started (a * means the process released memory registered before that);
+p50/p99 over its last 4096 registrations; ENL enlargements, SHR shrinks
+(either direction back to small). Below the table, for the selected
+process: its open connections by provider (shm, verbs, tcp; "≥" when the
+process ran before rdmatrace, whose earlier connections send no marker
+and are counted only where their sockets show them), by phase, and its
+parks (an idle small ring's pages given back). The RDMA ports' error
+counters (sysfs hw_counters and counters) are shown with their rates.
+Connections are named "conn N" as in rdmagrpc's spans
+(rdmagrpc.connection.id N) and conn.ConnName: N is unique in its process.
+
+Plain output (stdout not a terminal, or --plain): one line per
+connection open/close, enlargement, shrink and park, and every interval
+one summary line per process with events and one per RDMA port whose
+error counters moved; fields TIME PID COMM KIND CONN, then key=value.
 
 Examples:
   sudo rdmatrace                               # everything on this machine
   sudo rdmatrace --pid 4242                    # one process
   sudo rdmatrace --binary ./server --binary ./client
   sudo rdmatrace --json --duration 10s > regs.jsonl   # for scripts
+  sudo rdmatrace --duration 60s | grep ' enlarge '      # plain lines
+  sudo rdmatrace conns                          # open connections
 
 Needs root (CAP_BPF and CAP_PERFMON) and a kernel with BPF uprobes and ring
 buffers (5.15 or later). Probing costs each traced call a few microseconds
@@ -83,6 +100,8 @@ type config struct {
 	duration  time.Duration
 	interval  time.Duration
 	goPackage string
+	plain     bool
+	sysfs     string
 }
 
 type multiFlag []string
@@ -102,6 +121,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&c.jsonOut, "json", false, "print one JSON object per event instead of the live view, then one summary per process")
 	fs.DurationVar(&c.duration, "duration", 0, "stop after this long, e.g. 30s (default: until q or Ctrl-C)")
 	fs.DurationVar(&c.interval, "interval", time.Second, "refresh interval of the live view and its rates")
+	fs.BoolVar(&c.plain, "plain", false, "print plain lines even when stdout is a terminal (the default when it is not)")
+	fs.StringVar(&c.sysfs, "sysfs", "/sys", "sysfs `root` to read the RDMA ports' counters from")
 	fs.StringVar(&c.goPackage, "go-package", "", "import `path` to look for rdmagrpc's probe functions under, for binaries that vendor or rename it (e.g. main)")
 	setUsage(fs, stderr, usage)
 	if err := fs.Parse(args); err != nil {
@@ -132,8 +153,13 @@ func setUsage(fs *flag.FlagSet, stderr io.Writer, usage string) {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "doctor" {
-		os.Exit(runDoctor(os.Args[2:], os.Stdout, os.Stderr))
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "doctor":
+			os.Exit(runDoctor(os.Args[2:], os.Stdout, os.Stderr))
+		case "conns":
+			os.Exit(runConns(os.Args[2:], os.Stdout, os.Stderr))
+		}
 	}
 	cfg, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {

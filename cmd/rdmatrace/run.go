@@ -129,8 +129,42 @@ func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string, w 
 	if cfg.pid > 0 {
 		scope = fmt.Sprintf("pid %d", cfg.pid)
 	}
+	start := time.Now()
+	st := newStats(start)
+	st.ranBefore = startedBefore
+	disc := newDiscovery(cfg.pid)
+	st.setFound(disc.found(), commOf)
+	hw := newHWRates(cfg.sysfs, start)
+	var until time.Time
+	if cfg.duration > 0 {
+		until = start.Add(cfg.duration)
+	}
+	if cfg.plain || !isTerminal(os.Stdout) {
+		for _, n := range notes {
+			fmt.Fprintln(os.Stderr, "rdmatrace:", n)
+		}
+		if w != nil {
+			w.notify = func(msg string) { fmt.Fprintln(os.Stderr, "rdmatrace:", msg) }
+		}
+		for _, l := range hw.lines() {
+			fmt.Fprintln(os.Stderr, "rdmatrace:", l)
+		}
+		fmt.Fprintf(os.Stderr, "rdmatrace: attached %s\n", strings.Join(tr.Attached(), " "))
+		plainRun(ctx, os.Stdout, events, st, hw, cfg.interval, until, periodic(discoverEvery, func() {
+			st.markExited(processAlive)
+			st.setFound(disc.found(), commOf)
+		}))
+		select {
+		case err := <-errc: // the tracer failed: src closed
+			if !errors.Is(err, bpf.ErrClosed) {
+				return err
+			}
+		default: // stopped by ctx or --duration
+		}
+		return nil
+	}
 	m := &model{
-		st:       newStats(time.Now()),
+		st:       st,
 		src:      events,
 		errc:     errc,
 		tr:       tr,
@@ -138,10 +172,10 @@ func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string, w 
 		watch:    w,
 		scope:    scope,
 		interval: cfg.interval,
-		started:  time.Now(),
-	}
-	if cfg.duration > 0 {
-		m.until = m.started.Add(cfg.duration)
+		started:  start,
+		until:    until,
+		hw:       hw,
+		refresh:  periodic(discoverEvery, func() { st.setFound(disc.found(), commOf) }),
 	}
 	p := tea.NewProgram(m, tea.WithAltScreen(), tea.WithContext(ctx))
 	_, err := p.Run()
@@ -149,6 +183,23 @@ func runView(ctx context.Context, tr *bpf.Tracer, cfg config, notes []string, w 
 		return nil // Ctrl-C or SIGTERM
 	}
 	return err
+}
+
+// discoverEvery is how often the sockets are scanned again for the
+// connection ends open since before rdmatrace started (a scan reads
+// every process's descriptors: not on every tick of a busy host).
+const discoverEvery = 5 * time.Second
+
+// periodic returns a function of the time that runs f when every has
+// passed since it last did.
+func periodic(every time.Duration, f func()) func(time.Time) {
+	var last time.Time
+	return func(now time.Time) {
+		if now.Sub(last) >= every {
+			last = now
+			f()
+		}
+	}
 }
 
 // noneYet is the note of a watcher that has found nothing so far.

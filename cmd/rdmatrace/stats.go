@@ -24,8 +24,9 @@ const maxEnlargements = 64
 
 // proc is what rdmatrace knows about one process.
 type proc struct {
-	PID  uint32
-	Comm string
+	PID    uint32
+	Comm   string
+	events uint64 // events of this process
 
 	Regs, RegFails, Deregs, Reregs uint64
 	Registered                     uint64 // bytes, successful registrations
@@ -44,11 +45,31 @@ type proc struct {
 	// Connections by phase, from the enlargement markers: a connection
 	// is counted in the phase its last marker on each side left it in.
 	sendPhase, recvPhase map[uint64]bool // conn id → large
-	// Open connections by provider, from the connection markers
-	// (opened since rdmatrace started, not yet closed): conn id → RDMA.
-	open   map[uint64]bool
+	// Open connections, from the connection markers (opened since
+	// rdmatrace started, not yet closed): conn id → provider.
+	open map[uint64]string
+	// lastReg is the provider of the process's latest registration
+	// (provShm: transport/shm's regMR; provVerbs: libibverbs). A
+	// connection's buffers are registered just before its open marker,
+	// which names only "RDMA", so this tells shm from verbs.
+	lastReg string
+	// Partial: the process ran before rdmatrace started, so connections
+	// it opened earlier are not counted (the counts are lower bounds).
+	Partial bool
+	// Found: connection ends open before rdmatrace started that a scan
+	// of the process's sockets found (see discover), by provider.
+	Found  map[string]int
 	Exited bool // the process is gone (its row stays until hidden)
 }
+
+// Providers as rdmatrace names them; provRDMA is an RDMA connection
+// whose provider could not be told (no registration seen before it).
+const (
+	provShm   = "shm"
+	provVerbs = "verbs"
+	provTCP   = "tcp"
+	provRDMA  = "rdma?"
+)
 
 // phases counts the connections whose markers were seen: directions
 // sending into large buffers, receiving into large buffers, and those
@@ -71,16 +92,33 @@ func (p *proc) phases() (sendLarge, recvLarge, small int) {
 	return
 }
 
-// providers counts the open connections seen opening: over RDMA, over TCP.
-func (p *proc) providers() (rdma, tcp int) {
-	for _, r := range p.open {
-		if r {
-			rdma++
-		} else {
-			tcp++
-		}
+// providers counts the open connections seen opening, by provider.
+func (p *proc) providers() map[string]int {
+	n := map[string]int{}
+	for _, prov := range p.open {
+		n[prov]++
 	}
-	return
+	return n
+}
+
+// connCounts is the process's open connections by provider, e.g.
+// "shm 2 verbs 0 tcp 1", each marked "≥" when it may be short (the
+// process ran before rdmatrace: its earlier connections were not seen
+// opening); ends found by the socket scan are counted in.
+func (p *proc) connCounts() string {
+	n := p.providers()
+	ge := ""
+	if p.Partial {
+		ge = "≥"
+	}
+	var parts []string
+	for _, prov := range []string{provShm, provVerbs, provTCP} {
+		parts = append(parts, fmt.Sprintf("%s %s%d", prov, ge, n[prov]+p.Found[prov]))
+	}
+	if n[provRDMA] > 0 {
+		parts = append(parts, fmt.Sprintf("%s %d", provRDMA, n[provRDMA]))
+	}
+	return strings.Join(parts, " ")
 }
 
 // Live is the registered memory the process holds, as far as seen.
@@ -118,6 +156,35 @@ type stats struct {
 	enl      []bpf.Event // most recent last
 	events   uint64
 	lastTick time.Time
+	// ranBefore reports whether a process ran before rdmatrace started
+	// (its counts of connections are then partial); nil: none did.
+	ranBefore func(pid uint32) bool
+}
+
+func (s *stats) newProc(pid uint32) *proc {
+	p := &proc{PID: pid}
+	if s.ranBefore != nil {
+		p.Partial = s.ranBefore(pid)
+	}
+	s.procs[pid] = p
+	return p
+}
+
+// setFound records the connection ends a socket scan found open since
+// before rdmatrace started: pid → provider → count. A process with such
+// ends and no event yet gets a row, its command name from comm.
+func (s *stats) setFound(found map[uint32]map[string]int, comm func(pid uint32) string) {
+	for _, p := range s.procs {
+		p.Found = nil
+	}
+	for pid, n := range found {
+		p := s.procs[pid]
+		if p == nil {
+			p = s.newProc(pid)
+			p.Comm = comm(pid)
+		}
+		p.Found = n
+	}
 }
 
 func newStats(now time.Time) *stats {
@@ -128,13 +195,17 @@ func (s *stats) add(ev bpf.Event) {
 	s.events++
 	p := s.procs[ev.PID]
 	if p == nil {
-		p = &proc{PID: ev.PID}
-		s.procs[ev.PID] = p
+		p = s.newProc(ev.PID)
 	}
+	p.events++
 	p.Comm = ev.Comm
 	switch ev.Kind {
 	case bpf.KindRegister:
 		p.observe(ev.Duration)
+		p.lastReg = provVerbs
+		if strings.Contains(ev.Func, "shm.") {
+			p.lastReg = provShm
+		}
 		if !ev.OK {
 			p.RegFails++
 			return
@@ -158,11 +229,13 @@ func (s *stats) add(ev bpf.Event) {
 		}
 	case bpf.KindConnection:
 		if p.open == nil {
-			p.open = map[uint64]bool{}
+			p.open = map[uint64]string{}
 		}
 		switch ev.Outcome {
-		case bpf.OutcomeOpenedRDMA, bpf.OutcomeOpenedTCP:
-			p.open[ev.ConnID] = ev.Outcome == bpf.OutcomeOpenedRDMA
+		case bpf.OutcomeOpenedRDMA:
+			p.open[ev.ConnID] = cmp.Or(p.lastReg, provRDMA)
+		case bpf.OutcomeOpenedTCP:
+			p.open[ev.ConnID] = provTCP
 		case bpf.OutcomeClosed:
 			delete(p.open, ev.ConnID)
 		}
@@ -300,6 +373,79 @@ func humanBytes(n uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// shortBytes is humanBytes in at most 5 columns: "1023B", "4.0K",
+// "512K", "1023M".
+func shortBytes(n uint64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%dB", n)
+	}
+	v := float64(n)
+	for _, u := range "KMGTPE" {
+		v /= 1024
+		if v < 9.95 {
+			return fmt.Sprintf("%.1f%c", v, u)
+		}
+		if v < 1023.5 {
+			return fmt.Sprintf("%.0f%c", v, u)
+		}
+	}
+	return "huge"
+}
+
+// shortCount is n in at most 5 columns: "9999", "12.3k", "999k", "1.2M".
+func shortCount(n uint64) string {
+	if n < 100000 {
+		return strconv.FormatUint(n, 10)
+	}
+	v := float64(n)
+	for _, u := range "kMGTPE" {
+		v /= 1000
+		if v < 99.95 {
+			return fmt.Sprintf("%.1f%c", v, u)
+		}
+		if v < 999.5 {
+			return fmt.Sprintf("%.0f%c", v, u)
+		}
+	}
+	return "huge"
+}
+
+// shortRate is a per-second rate in at most 6 columns.
+func shortRate(r float64) string {
+	if r < 9999.95 {
+		return fmt.Sprintf("%.1f", r)
+	}
+	return shortCount(uint64(r))
+}
+
+// shortDuration is humanDuration in at most 6 columns: "850ns", "1.5µs",
+// "152µs", "17.1ms", "2.50s", "1234s".
+func shortDuration(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{time.Microsecond, "ns"}, {time.Millisecond, "µs"}, {time.Second, "ms"}} {
+		if d < u.d {
+			v := float64(d) / float64(u.d/1000)
+			if v < 9.95 {
+				return fmt.Sprintf("%.1f%s", v, u.name)
+			}
+			if v < 999.5 {
+				return fmt.Sprintf("%.0f%s", v, u.name)
+			}
+		}
+	}
+	if s := d.Seconds(); s < 9.995 {
+		return fmt.Sprintf("%.2fs", s)
+	} else if s < 99999.5 {
+		return fmt.Sprintf("%.0fs", s)
+	}
+	return ">1d"
 }
 
 func humanDuration(d time.Duration) string {

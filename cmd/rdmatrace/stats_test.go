@@ -142,8 +142,8 @@ func TestStatsConnectionsByProvider(t *testing.T) {
 	s.add(ev(2, bpf.OutcomeClosed))
 	s.add(ev(4, bpf.OutcomeClosed)) // opened before we started
 	p := s.procs[10]
-	if rdma, tcp := p.providers(); rdma != 1 || tcp != 1 {
-		t.Fatalf("providers: %d RDMA, %d TCP; want 1 and 1", rdma, tcp)
+	if n := p.providers(); n[provRDMA] != 1 || n[provTCP] != 1 || len(n) != 2 {
+		t.Fatalf("providers: %v; want one RDMA of unknown provider and one TCP", n)
 	}
 	if p.Enlargements != 0 || len(s.enl) != 0 {
 		t.Fatalf("connection markers counted as enlargements: %d, %v", p.Enlargements, s.enl)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,8 @@ type model struct {
 	height     int
 	err        error
 	lastStats  bpf.Stats
+	hw         *hwRates            // the RDMA ports' error counters; nil: not shown
+	refresh    func(now time.Time) // on each tick; nil: none
 }
 
 var (
@@ -101,9 +104,15 @@ func (m *model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		now := time.Time(msg)
 		m.st.tick(now)
 		m.st.markExited(processAlive)
-		if s, err := m.tr.Stats(); err == nil {
-			m.lastStats = s
+		if m.refresh != nil {
+			m.refresh(now)
 		}
+		if m.tr != nil {
+			if s, err := m.tr.Stats(); err == nil {
+				m.lastStats = s
+			}
+		}
+		m.hw.sample(now)
 		if !m.until.IsZero() && !now.Before(m.until) {
 			return m, tea.Quit
 		}
@@ -168,18 +177,85 @@ func (m *model) key(k tea.KeyMsg) (tea.Model, tea.Cmd) {
 	return m, nil
 }
 
+// attached is the tracer's probes (none without a tracer).
+func (m *model) attached() []string {
+	if m.tr == nil {
+		return nil
+	}
+	return m.tr.Attached()
+}
+
+// viewWidth is the width every line of the view is made to fit: 80
+// columns, or the terminal's when it is narrower.
+const viewWidth = 80
+
+func (m *model) cols() int {
+	if m.width > 0 && m.width < viewWidth {
+		return m.width
+	}
+	return viewWidth
+}
+
+// rowHeader and rowFormat lay out the process table in 76 columns: each
+// field's formatter (shortCount, shortBytes, shortDuration) bounds its
+// width.
+const (
+	rowHeader = "%7s %-12s %6s %5s %5s %5s %6s %5s %5s %5s %5s"
+	rowFormat = "%7d %-12s %6s %5s %5s %5s %6s %5s %5s %5s %5s"
+)
+
+func tableHeader() string {
+	return fmt.Sprintf(rowHeader, "PID", "COMM", "REG/s", "REGS", "FAIL", "REGD", "LIVE", "p50", "p99", "ENL", "SHR")
+}
+
+func tableRow(p *proc) string {
+	live := shortBytes(p.Live())
+	if p.releasedUnseen {
+		live += "*"
+	}
+	comm := truncate(p.Comm, 12)
+	if p.Exited {
+		comm = truncate(p.Comm, 7) + " gone"
+	}
+	return fmt.Sprintf(rowFormat, p.PID, comm, shortRate(p.Rate), shortCount(p.Regs), shortCount(p.RegFails),
+		shortBytes(p.Registered), live, shortDuration(p.Percentile(0.50)), shortDuration(p.Percentile(0.99)),
+		shortCount(p.Enlargements), shortCount(p.Shrinks))
+}
+
+// eventLine is one enlargement, shrink or park of the recent list, in 80
+// columns for connection ids up to 6 digits (longer ones are cut by fit).
+func eventLine(ev bpf.Event) string {
+	what := fmt.Sprintf("%s→%s %s", shortBytes(uint64(ev.FromSize)), shortBytes(uint64(ev.ToSize)), shortDuration(ev.EnlargeDuration))
+	return fmt.Sprintf(eventFormat, ev.Time.Format("15:04:05"), fmt.Sprint(ev.PID), truncate(ev.Comm, 9),
+		strings.TrimPrefix(conn.ConnName(ev.ConnID), "conn "), what, conn.EnlargeOutcome(ev.Outcome))
+}
+
+const eventFormat = "%-8s %7s %-9s %6s %-17s %s"
+
 func (m *model) View() string {
+	w := m.cols()
 	var b strings.Builder
+	line := func(s string) { b.WriteString(fit(s, w) + "\n") }
+	prose := func(style lipgloss.Style, s string) {
+		for _, l := range wrap(s, w) {
+			b.WriteString(style.Render(l) + "\n")
+		}
+	}
 	up := time.Since(m.started).Truncate(time.Second)
-	fmt.Fprintf(&b, "%s  %s  up %s  events %d  lost %d\n",
-		titleStyle.Render("rdmatrace — memory registration, live"), m.scope, up, m.st.events, m.lastStats.Lost)
+	line(titleStyle.Render("rdmatrace") + fmt.Sprintf("  %s  up %s  events %d  lost %d", m.scope, up, m.st.events, m.lastStats.Lost))
 	notes := m.notes
-	if m.watch != nil && len(m.tr.Attached()) > 0 {
+	attached := m.attached()
+	if m.watch != nil && len(attached) > 0 {
 		notes = slices.DeleteFunc(slices.Clone(notes), func(n string) bool { return n == noneYet })
 	}
-	fmt.Fprintf(&b, "%s\n", dimStyle.Render("probes: "+describeProbes(m.tr.Attached(), notes)))
+	prose(dimStyle, "probes: "+describeProbes(attached, notes))
 	if m.watch != nil {
-		fmt.Fprintf(&b, "%s\n", dimStyle.Render(m.watch.status()))
+		prose(dimStyle, m.watch.status())
+	}
+	if m.hw != nil {
+		for _, l := range m.hw.lines() {
+			prose(lipgloss.NewStyle(), l)
+		}
 	}
 	dir := "▼"
 	if m.asc {
@@ -192,54 +268,46 @@ func (m *model) View() string {
 	if filter == "" {
 		filter = "(none)"
 	}
-	fmt.Fprintf(&b, "sort: %s %s   filter: %s   %s\n\n", m.sort, dir, filter,
-		dimStyle.Render("[s/S] sort  [r] reverse  [/] filter  [c] clear  [x] hide exited  [↑↓] select  [q] quit"))
+	line(fmt.Sprintf("sort: %s %s  filter: %s  ", m.sort, dir, truncate(filter, 20)) +
+		dimStyle.Render("s/S sort r rev / filter c clear x exited ↑↓ q"))
+	b.WriteString("\n")
 
 	rows := m.st.rows(m.sort, m.asc, m.filter, m.hideExited)
-	header := fmt.Sprintf("%7s  %-15s %8s %8s %6s %8s %11s %10s %9s %9s %5s %5s %5s",
-		"PID", "COMM", "REG/s", "REGS", "FAIL", "DEREGS", "REGISTERED", "LIVE", "p50", "p99", "ENL", "SHR", "PRK")
-	b.WriteString(headerStyle.Render(header) + "\n")
+	line(headerStyle.Render(tableHeader()))
 	if len(rows) == 0 {
-		b.WriteString(dimStyle.Render("  no registrations seen yet") + "\n")
+		line(dimStyle.Render("  no registrations seen yet"))
 	}
 	m.selected = min(m.selected, max(len(rows)-1, 0))
 	for i, p := range rows {
-		live := humanBytes(p.Live())
-		if p.releasedUnseen {
-			live += "*"
-		}
-		comm := p.Comm
-		if p.Exited {
-			comm = truncate(comm, 8) + " exited"
-		}
-		line := fmt.Sprintf("%7d  %-15s %8.1f %8d %6d %8d %11s %10s %9s %9s %5d %5d %5d",
-			p.PID, comm, p.Rate, p.Regs, p.RegFails, p.Deregs, humanBytes(p.Registered), live,
-			humanDuration(p.Percentile(0.50)), humanDuration(p.Percentile(0.99)), p.Enlargements, p.Shrinks, p.Parks)
+		r := fit(tableRow(p), w)
 		if i == m.selected {
-			line = selStyle.Render(line)
+			r = selStyle.Render(r)
 		}
-		b.WriteString(line + "\n")
+		b.WriteString(r + "\n")
 	}
 	if len(rows) > 0 {
 		p := rows[m.selected]
 		sl, rl, sm := p.phases()
-		fmt.Fprintf(&b, "\n%s\n", dimStyle.Render(fmt.Sprintf("connections of pid %d by phase (from enlargement markers): %d sending into large buffers, %d receiving into large buffers, %d directions left small (refused, timed out, failed)", p.PID, sl, rl, sm)))
-		rdma, tcp := p.providers()
-		fmt.Fprintf(&b, "%s\n", dimStyle.Render(fmt.Sprintf("connections of pid %d by provider (opened since start, still open): %d over RDMA, %d over TCP", p.PID, rdma, tcp)))
-		b.WriteString(m.histogram(p))
+		b.WriteString("\n")
+		prose(dimStyle, fmt.Sprintf("pid %d connections: %s; by phase: %d sending large, %d receiving large, %d directions small; %d parks",
+			p.PID, p.connCounts(), sl, rl, sm, p.Parks))
+		if p.Partial {
+			prose(dimStyle, "≥: this process ran before rdmatrace; connections it opened earlier are counted only as far as its sockets show (rdmatrace conns)")
+		}
+		b.WriteString(m.histogram(p, w))
 	}
 	shown := map[uint32]bool{}
 	for _, p := range rows {
 		shown[p.PID] = true
 	}
-	b.WriteString("\n" + m.enlargements(shown))
+	b.WriteString("\n" + m.enlargements(shown, w))
 	if m.err != nil {
-		b.WriteString("\n" + warnStyle.Render("tracer stopped: "+m.err.Error()) + "\n")
+		prose(warnStyle, "tracer stopped: "+m.err.Error())
 	}
 	return b.String()
 }
 
-func (m *model) histogram(p *proc) string {
+func (m *model) histogram(p *proc, w int) string {
 	var b strings.Builder
 	n := uint64(0)
 	lo, hi := -1, -1
@@ -252,8 +320,8 @@ func (m *model) histogram(p *proc) string {
 		}
 		n += c
 	}
-	fmt.Fprintf(&b, "%s\n", headerStyle.Render(fmt.Sprintf("registration latency, pid %d (%s): %d calls, p50 %s, p99 %s (last %d)",
-		p.PID, p.Comm, n, humanDuration(p.Percentile(0.5)), humanDuration(p.Percentile(0.99)), latencyWindow)))
+	b.WriteString(fit(headerStyle.Render(fmt.Sprintf("registration latency, pid %d (%s): %d calls, p50 %s, p99 %s",
+		p.PID, truncate(p.Comm, 15), n, shortDuration(p.Percentile(0.5)), shortDuration(p.Percentile(0.99)))), w) + "\n")
 	if lo < 0 {
 		return b.String()
 	}
@@ -265,15 +333,15 @@ func (m *model) histogram(p *proc) string {
 	for i := lo; i <= hi; i++ {
 		c := p.Hist[i]
 		bar := strings.Repeat("█", int((c*barWidth+peak-1)/peak))
-		fmt.Fprintf(&b, "  %9s – %-9s %-*s %d\n",
-			humanDuration(time.Duration(1)<<i), humanDuration(time.Duration(1)<<(i+1)), barWidth, bar, c)
+		b.WriteString(fit(fmt.Sprintf("  %6s – %-6s %-*s %s",
+			shortDuration(time.Duration(1)<<i), shortDuration(time.Duration(1)<<(i+1)), barWidth, bar, shortCount(c)), w) + "\n")
 	}
 	return b.String()
 }
 
 // enlargements lists the recent enlargements, shrinks and parks of the
 // processes shown.
-func (m *model) enlargements(shown map[uint32]bool) string {
+func (m *model) enlargements(shown map[uint32]bool, w int) string {
 	var b strings.Builder
 	b.WriteString(headerStyle.Render("recent enlargements, shrinks and parks") + "\n")
 	var enl []bpf.Event
@@ -290,14 +358,49 @@ func (m *model) enlargements(shown map[uint32]bool) string {
 	if m.height > 0 {
 		show = max(3, min(show, m.height/4))
 	}
+	b.WriteString(fit(dimStyle.Render(fmt.Sprintf(eventFormat, "TIME", "PID", "COMM", "CONN", "SIZES, TOOK", "OUTCOME")), w) + "\n")
 	for i := len(enl) - 1; i >= 0 && i >= len(enl)-show; i-- {
-		ev := enl[i]
-		fmt.Fprintf(&b, "  %s  pid %-7d %-15s conn %#-18x %9s → %-9s took %-9s %s\n",
-			ev.Time.Format("15:04:05.000"), ev.PID, ev.Comm, ev.ConnID,
-			humanBytes(uint64(ev.FromSize)), humanBytes(uint64(ev.ToSize)),
-			humanDuration(ev.EnlargeDuration), conn.EnlargeOutcome(ev.Outcome))
+		b.WriteString(fit(eventLine(enl[i]), w) + "\n")
 	}
 	return b.String()
+}
+
+// fit cuts s (which may hold escape codes) to w columns, marking a cut
+// with "…".
+func fit(s string, w int) string {
+	if lipgloss.Width(s) <= w {
+		return s
+	}
+	plain := ansiRE.ReplaceAllString(s, "")
+	r := []rune(plain)
+	for lipgloss.Width(string(r)) > w-1 {
+		r = r[:len(r)-1]
+	}
+	return string(r) + "…"
+}
+
+var ansiRE = regexp.MustCompile("\x1b\\[[0-9;]*[a-zA-Z]")
+
+// wrap breaks s at spaces into lines of at most w columns (a word longer
+// than w is cut by fit).
+func wrap(s string, w int) []string {
+	var out []string
+	cur := ""
+	for _, word := range strings.Fields(s) {
+		switch {
+		case cur == "":
+			cur = word
+		case lipgloss.Width(cur)+1+lipgloss.Width(word) <= w:
+			cur += " " + word
+		default:
+			out = append(out, fit(cur, w))
+			cur = "  " + word
+		}
+	}
+	if cur != "" {
+		out = append(out, fit(cur, w))
+	}
+	return out
 }
 
 func truncate(s string, n int) string {

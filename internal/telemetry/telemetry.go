@@ -55,19 +55,23 @@ const (
 	EventCreditStalls   = "rdmagrpc.credit.stalls"
 )
 
-// Metric names.
+// Metric names, per the OpenTelemetry semantic conventions: a counter is
+// named for what it counts (plural, no ".count" suffix, which the
+// conventions keep for UpDownCounters and which would read as the
+// "_count" series of a histogram once exported to Prometheus), units are
+// UCUM ("By", "s") or a {annotation}, and durations are histograms in s.
 const (
 	MetricConnections     = "rdmagrpc.connection.count"
 	MetricRegistered      = "rdmagrpc.memory.registered"
-	MetricEnlargements    = "rdmagrpc.enlargement.count"
+	MetricEnlargements    = "rdmagrpc.enlargements"
 	MetricEnlargeDuration = "rdmagrpc.enlargement.duration"
-	MetricShrinks         = "rdmagrpc.shrink.count"
-	MetricParks           = "rdmagrpc.park.count"
-	MetricRegistrations   = "rdmagrpc.registration.count"
+	MetricShrinks         = "rdmagrpc.shrinks"
+	MetricParks           = "rdmagrpc.parks"
+	MetricRegistrations   = "rdmagrpc.registrations"
 	MetricRegBytes        = "rdmagrpc.registration.bytes"
 	MetricRegDuration     = "rdmagrpc.registration.duration"
-	MetricCreditStalls    = "rdmagrpc.credit.stall.count"
-	MetricRendezvous      = "rdmagrpc.rendezvous.count"
+	MetricCreditStalls    = "rdmagrpc.credit.stalls"
+	MetricRendezvous      = "rdmagrpc.rendezvous.messages"
 	MetricRendezvousBytes = "rdmagrpc.rendezvous.bytes"
 )
 
