@@ -49,19 +49,31 @@ type behind struct {
 
 	mu       sync.Mutex
 	held     []byte
+	hasHeld  bool // a write was held: Close must deliver it
 	flushed  bool // out is closed
 	rdl, wdl time.Time
-	closed   bool
-	changed  chan struct{} // closed and replaced on a deadline change or Close
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	closed   bool // Close was called: calls fail
+	// discard: the negotiation's outcome is thrown away (Close with
+	// nothing to deliver or linger 0, or the linger ran out).
+	discard bool
+	// closeLeft: Close left delivering the held bytes, and closing what
+	// carries them, to the negotiation's goroutine.
+	closeLeft bool
+	// linger is SetLinger's before the verdict (lingerSet), applied to
+	// the connection the verdict gives.
+	linger    int
+	lingerSet bool
+	abortT    *time.Timer   // a background Close's linger
+	changed   chan struct{} // closed and replaced on a deadline change or Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // dialBehind makes the Conn of a dial whose negotiation on tc runs
 // behind it.
 func dialBehind(tc *net.TCPConn, addr string, o *options, name string) *Conn {
 	c := &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), connIDKey{}, c.id))
 	n := &behind{done: make(chan struct{}), out: make(chan struct{}), changed: make(chan struct{}), cancel: cancel}
 	c.tcp = &tcpSide{nc: tc, neg: n, strip: len(h2Preface)}
 	n.wg.Add(1)
@@ -76,7 +88,7 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 	tc := t.nc.(*net.TCPConn)
 	v, err := settle(ctx, tc, addr, c.o, name)
 	n.mu.Lock()
-	if n.closed {
+	if n.discard {
 		// Close ended it: what a waiting call returns says so, not the
 		// failure Close caused.
 		if v.rdma != nil {
@@ -98,8 +110,14 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 		// the TCP one: StatsHandler must find the upgraded one by it.
 		r.trackAs(tc.RemoteAddr())
 		r.SetReadDeadline(n.rdl)
+		if n.lingerSet {
+			r.SetLinger(n.linger)
+		}
 	default:
 		n.open = true
+		if n.lingerSet {
+			tc.SetLinger(n.linger)
+		}
 		t.rmu.Lock()
 		t.replay = v.replay
 		t.rmu.Unlock()
@@ -139,7 +157,22 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 		n.ready.Store(r)
 	}
 	close(n.out)
+	closeLeft := n.closeLeft
+	if n.abortT != nil {
+		n.abortT.Stop()
+	}
 	n.mu.Unlock()
+	if closeLeft {
+		// What Write accepted went out: the connection closes now, as
+		// Close would have closed it (an RDMA one delivers the rest in
+		// the background, within its own linger).
+		switch {
+		case r != nil:
+			r.Close()
+		case n.open:
+			c.tcpClose()
+		}
+	}
 }
 
 // Kinds of wait for the verdict: whose deadline bounds it.
@@ -232,6 +265,7 @@ func (n *behind) hold(b []byte) (ok, flushed bool, err error) {
 		return false, false, nil
 	}
 	n.held = append(n.held, b...)
+	n.hasHeld = true
 	return true, false, nil
 }
 
@@ -254,6 +288,9 @@ func (c *Conn) readTarget() (*Conn, error) {
 }
 
 func (c *Conn) tcpRead(b []byte) (int, error) {
+	if c.isClosed() {
+		return 0, c.opErr("read", net.ErrClosed)
+	}
 	r, err := c.readTarget()
 	switch {
 	case err != nil:
@@ -265,6 +302,9 @@ func (c *Conn) tcpRead(b []byte) (int, error) {
 }
 
 func (c *Conn) tcpWrite(b []byte) (int, error) {
+	if c.isClosed() {
+		return 0, c.opErr("write", net.ErrClosed)
+	}
 	t := c.tcp
 	n := t.neg
 	if n == nil {
@@ -378,7 +418,12 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 	return c.tcp.nc.SetWriteDeadline(t)
 }
 
-// closeBehind is Close of a dial's Conn.
+// closeBehind is Close of a dial's Conn. Bytes a Write accepted while
+// the negotiation was under way are delivered, as a TCP socket delivers
+// what it accepted after close: the negotiation finishes, the held bytes
+// go out, and the connection closes, in the background within
+// DefaultLinger (or within SetLinger's seconds, Close waiting); linger 0
+// discards them.
 func (c *Conn) closeBehind() error {
 	n := c.tcp.neg
 	n.mu.Lock()
@@ -387,8 +432,32 @@ func (c *Conn) closeBehind() error {
 		return c.opErr("close", net.ErrClosed)
 	}
 	n.closed = true
+	c.closedFast.Store(true)
 	n.broadcastLocked()
 	r, open := n.rdma, n.open
+	if !n.flushed && n.err == nil && n.hasHeld && !(n.lingerSet && n.linger == 0) {
+		n.closeLeft = true
+		linger, background := DefaultLinger, true
+		if n.lingerSet && n.linger > 0 {
+			linger, background = time.Duration(n.linger)*time.Second, false
+		}
+		if background {
+			n.abortT = time.AfterFunc(linger, c.abortBehind)
+			n.mu.Unlock()
+			return nil
+		}
+		n.mu.Unlock()
+		t := time.NewTimer(linger)
+		select {
+		case <-n.out:
+		case <-t.C:
+			c.abortBehind()
+		}
+		t.Stop()
+		n.wg.Wait()
+		return nil
+	}
+	n.discard = true
 	n.mu.Unlock()
 	n.cancel()
 	var err error
@@ -398,7 +467,7 @@ func (c *Conn) closeBehind() error {
 	case open:
 		err = c.tcpClose()
 	default:
-		// Ends the negotiation's reads and writes; it sees closed and
+		// Ends the negotiation's reads and writes; it sees discard and
 		// closes the socket (and an upgraded connection) itself.
 		c.tcp.nc.SetDeadline(aLongTimeAgo)
 	}
@@ -406,14 +475,43 @@ func (c *Conn) closeBehind() error {
 	return err
 }
 
-// statsBehind is Stats of a dial's Conn: it waits for the verdict.
-func (c *Conn) statsBehind() (Stats, bool) {
-	r, err := c.tcp.neg.wait(context.Background(), waitNoDeadline)
+// abortBehind ends a closed Conn's delivery of its held bytes when its
+// linger ran out: the negotiation, or the flush, fails, and the
+// negotiation's goroutine closes what is left.
+func (c *Conn) abortBehind() {
+	n := c.tcp.neg
+	n.mu.Lock()
+	n.discard = true
+	r := n.rdma
+	n.mu.Unlock()
+	n.cancel()
+	c.tcp.nc.SetDeadline(aLongTimeAgo)
+	if r != nil {
+		r.SetLinger(0)
+		r.Close()
+	}
+}
+
+// ProviderNegotiating is Stats.Provider of a connection that does not
+// know yet what it runs on: the negotiation behind its dial, or an early
+// dial's wait for the listener's answer, is under way. Stats never waits
+// for a peer (as crypto/tls's ConnectionState does not wait for the
+// handshake); Handshake does.
+const ProviderNegotiating = "negotiating"
+
+// statsBehind is Stats of a dial's Conn: ok false once TCP carries on.
+func (c *Conn) statsBehind() (s Stats, ok bool) {
+	n := c.tcp.neg
+	select {
+	case <-n.done:
+	default:
+		return Stats{Provider: ProviderNegotiating, ProviderReason: "the negotiation behind the dial has no verdict yet"}, true
+	}
 	switch {
-	case err != nil:
-		return Stats{ProviderReason: fmt.Sprintf("no connection: the negotiation failed: %v", err)}, true
-	case r != nil:
-		return r.Stats(), true
+	case n.err != nil:
+		return Stats{ProviderReason: fmt.Sprintf("no connection: the negotiation failed: %v", n.err)}, true
+	case n.rdma != nil:
+		return n.rdma.Stats(), true
 	}
 	return Stats{}, false
 }

@@ -92,6 +92,11 @@ func recording(opts ...Option) (func(context.Context, string) (net.Conn, error),
 
 func wantProvider(t *testing.T, who string, c *Conn, provider, why string) {
 	t.Helper()
+	// Stats says "negotiating" until the connection knows; the figure
+	// checked here is the verdict.
+	if err := c.Handshake(t.Context()); err != nil && provider != "" {
+		t.Errorf("%s connection: handshake: %v", who, err)
+	}
 	s := c.Stats()
 	if s.Provider != provider || !strings.Contains(s.ProviderReason, why) {
 		t.Errorf("%s connection: provider %q (%s), want %q (%s)", who, s.Provider, s.ProviderReason, provider, why)

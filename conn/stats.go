@@ -10,6 +10,8 @@ import (
 
 // Stats are a connection's counters, exact at the time of the call.
 type Stats struct {
+	// Provider is what the connection runs on: "shm", "verbs", "tcp",
+	// or ProviderNegotiating until that is known.
 	Provider string
 	// ProviderReason is why the provider was chosen: "option",
 	// "RDMAGRPC_PROVIDER", "RDMA device found", or the reason verbs is
@@ -107,7 +109,11 @@ func (c *Conn) Stats() Stats {
 	if c.tcp != nil {
 		return Stats{Provider: c.st.Provider, ProviderReason: c.st.ProviderReason}
 	}
-	c.awaitOpenLocked(context.Background(), time.Time{}) // an early dial's outcome (Handshake)
+	if !c.opened.Load() && !c.closed && c.err == nil {
+		// An early dial the listener has not answered yet (Handshake
+		// waits for that; Stats never waits on a peer).
+		return Stats{Provider: ProviderNegotiating, ProviderReason: fmt.Sprintf("waiting for the %s listener's answer", c.st.Provider)}
+	}
 	if c.opened.Load() && !c.closed {
 		c.lookUpPathLocked()
 	}

@@ -3,6 +3,7 @@ package conn
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"sync"
 
@@ -127,8 +128,24 @@ func (c *Conn) tcpCloseWrite() error {
 }
 
 func (c *Conn) tcpSetLinger(sec int) error {
-	if c.tcp.neg != nil {
-		r, err := c.settled(context.Background())
+	if n := c.tcp.neg; n != nil {
+		// Before the verdict it is kept for the connection the verdict
+		// gives (and for Close's delivery of held bytes): a user sets
+		// it right before Close, and must not wait for a peer here.
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return c.opErr("set", net.ErrClosed)
+		}
+		select {
+		case <-n.done:
+		default:
+			n.linger, n.lingerSet = min(max(sec, -1), math.MaxInt32), true
+			n.mu.Unlock()
+			return nil
+		}
+		r, err := n.rdma, n.err
+		n.mu.Unlock()
 		if err != nil {
 			return c.opErr("set", err)
 		}

@@ -312,6 +312,11 @@ func (r *report) dial(addr string, timeout time.Duration) {
 	}
 	defer nc.Close()
 	c := nc.(*conn.Conn)
+	if err := c.Handshake(ctx); err != nil {
+		r.printf("  failed after %v: %v\n\n", time.Since(start).Round(time.Microsecond), err)
+		r.problem("dial %s failed: %v", addr, err)
+		return
+	}
 	st := c.Stats()
 	r.printf("  connected in %v over %s (device %s), %v → %v\n", took.Round(time.Microsecond), st.Provider, orDash(st.Device), c.LocalAddr(), c.RemoteAddr())
 	if p := st.Path; p.Port != 0 {
