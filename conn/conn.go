@@ -190,7 +190,7 @@ type entry struct {
 // once the QP exists. ctx parents the connection span; role is
 // telemetry.Client or telemetry.Server.
 func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
-	c = &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
+	c = &Conn{id: idFor(ctx), o: o, changed: make(chan struct{})}
 	c.st.Provider, c.st.ProviderReason, c.st.Device = provider, o.providerWhy, dev.Name()
 	c.tel = o.tel.StartConn(ctx, role, c.id, provider, o.providerWhy)
 	partial := c // the error returns below set c to nil

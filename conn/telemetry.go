@@ -31,19 +31,22 @@ var telemetryOutcomes = [...]telemetry.Outcome{
 // rdmagrpc.connection.id of the connection's spans and of the RPC spans
 // on it, and the id rdmatrace reads from the connection's markers. With
 // the process id (rdmatrace's PID column, an OpenTelemetry resource's
-// process.pid) it names one connection end on a host.
-//
-// A dial negotiated behind its TCP connection returns a Conn before the
-// negotiation ends; once upgraded, the connection's spans and markers are
-// the upgraded Conn's, so ID waits for the negotiation, as Stats does,
-// and returns that Conn's id (the dial's own when it stays on TCP).
-func (c *Conn) ID() uint64 {
-	if c.tcp != nil && c.tcp.neg != nil {
-		if r, err := c.tcp.neg.wait(context.Background(), waitNoDeadline); err == nil && r != nil {
-			return r.id
-		}
+// process.pid) it names one connection end on a host. A dial whose
+// upgrade is negotiated behind its TCP connection keeps its ID: the
+// upgraded connection takes the dial's.
+func (c *Conn) ID() uint64 { return c.id }
+
+// connIDKey carries a dial's ID to the RDMA connection its negotiation
+// makes (newConn), so that the dial's Conn and the connection it hands
+// every call to are one connection to rdmatrace, the logs and the spans.
+type connIDKey struct{}
+
+// idFor is the ID of a connection newConn makes under ctx.
+func idFor(ctx context.Context) uint64 {
+	if id, ok := ctx.Value(connIDKey{}).(uint64); ok {
+		return id
 	}
-	return c.id
+	return connIDs.Add(1)
 }
 
 // ConnName is how a connection ID is printed, by rdmatrace, the demo and

@@ -652,6 +652,9 @@ func TestTelemetryIDIsTheSpans(t *testing.T) {
 		t.Fatal("accept failed")
 	}
 	ids := map[string]uint64{telemetry.Client: nc.(*Conn).ID(), telemetry.Server: sc.(*Conn).ID()}
+	if err := nc.(*Conn).Handshake(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if p := nc.(*Conn).Stats().Provider; p != "shm" {
 		t.Fatalf("client provider %q, want shm", p)
 	}
