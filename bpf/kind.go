@@ -38,6 +38,11 @@ const (
 	// Park codes (conn's outcomeParked, outcomeParkServed).
 	OutcomeParked     = 12
 	OutcomeParkServed = 13
+
+	// The provider of an OutcomeOpenedRDMA event, in its FromSize (conn's
+	// providerCodes); 0: not said.
+	OpenedShm   = 1
+	OpenedVerbs = 2
 )
 
 func (k Kind) String() string {

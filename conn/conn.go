@@ -359,9 +359,14 @@ func (c *Conn) lookUpPathLocked() {
 func (c *Conn) run() {
 	c.tel.Connected(c.qp.LocalAddr(), c.qp.RemoteAddr(), c.telemetrySnapshot)
 	c.tel.Fabric(c.st.Device, c.st.Path)
-	enlargementMarker(c.id, 0, 0, 0, outcomeOpenedRDMA)
+	enlargementMarker(c.id, providerCodes[c.st.Provider], 0, 0, outcomeOpenedRDMA)
 	c.startPolling()
 }
+
+// providerCodes name an RDMA connection's provider in the fromSize of its
+// opened marker, for rdmatrace (bpf.OpenedShm, bpf.OpenedVerbs); 0: any
+// other.
+var providerCodes = map[string]uint32{"shm": 1, "verbs": 2}
 
 // establish finishes a dial that returned once its request was sent
 // (dialRDMA): the listener's answer, then what start does. Until then the

@@ -233,7 +233,14 @@ func (s *stats) add(ev bpf.Event) {
 		}
 		switch ev.Outcome {
 		case bpf.OutcomeOpenedRDMA:
-			p.open[ev.ConnID] = cmp.Or(p.lastReg, provRDMA)
+			switch ev.FromSize {
+			case bpf.OpenedShm:
+				p.open[ev.ConnID] = provShm
+			case bpf.OpenedVerbs:
+				p.open[ev.ConnID] = provVerbs
+			default: // a binary whose marker does not say
+				p.open[ev.ConnID] = cmp.Or(p.lastReg, provRDMA)
+			}
 		case bpf.OutcomeOpenedTCP:
 			p.open[ev.ConnID] = provTCP
 		case bpf.OutcomeClosed:

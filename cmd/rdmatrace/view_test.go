@@ -135,6 +135,22 @@ func TestProvidersFromRegistrations(t *testing.T) {
 	}
 }
 
+// A marker that names its provider is believed over the registration
+// that came before it.
+func TestProvidersFromMarkers(t *testing.T) {
+	s := newStats(time.Now())
+	s.add(bpf.Event{Kind: bpf.KindRegister, Func: bpf.Module + "/transport/shm.regMR", PID: 1, OK: true})
+	s.add(bpf.Event{Kind: bpf.KindConnection, PID: 1, ConnID: 1, Outcome: bpf.OutcomeOpenedRDMA, FromSize: bpf.OpenedVerbs})
+	s.add(bpf.Event{Kind: bpf.KindConnection, PID: 1, ConnID: 2, Outcome: bpf.OutcomeOpenedRDMA, FromSize: bpf.OpenedShm})
+	s.add(bpf.Event{Kind: bpf.KindConnection, PID: 2, ConnID: 1, Outcome: bpf.OutcomeOpenedRDMA, FromSize: bpf.OpenedShm})
+	if got := s.procs[1].connCounts(); got != "shm 1 verbs 1 tcp 0" {
+		t.Errorf("pid 1 counts %q", got)
+	}
+	if got := s.procs[2].connCounts(); got != "shm 1 verbs 0 tcp 0" {
+		t.Errorf("pid 2 counts %q", got)
+	}
+}
+
 // Not a terminal: plain lines, one per event and per summary, the same
 // first five fields on each, no escape codes.
 func TestPlainOutput(t *testing.T) {
