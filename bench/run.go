@@ -26,10 +26,13 @@ type Config struct {
 	// IdleAfter: the idle connections' WithIdleShrink, time compressed;
 	// they are measured when set up and again once idle that long (their
 	// small rings parked). 0: only when set up.
-	IdleAfter   time.Duration
-	Enlarge     int           // fresh connections enlarged per round
-	Provider    string        // rdmagrpc's provider; "": conn's own choice
-	OneProcess  bool          // also the one-process figures (a second table)
+	IdleAfter  time.Duration
+	Enlarge    int    // fresh connections enlarged per round
+	Provider   string // rdmagrpc's provider; "": conn's own choice
+	OneProcess bool   // also the one-process figures (a second table)
+	// Load is how many CPU-bound processes run beside client and server
+	// for the whole run: a busy host, as services share theirs.
+	Load        int
 	ConnOptions []conn.Option // for every rdmagrpc connection (not the idle server's)
 	Log         io.Writer     // progress; nil: none
 }
@@ -133,6 +136,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Provider != "" {
 		cfg.ConnOptions = append(slices.Clip(cfg.ConnOptions), conn.WithProvider(cfg.Provider))
 	}
+	stopLoad, err := startLoad(cfg.Load)
+	if err != nil {
+		return nil, err
+	}
+	defer stopLoad()
 	ts := transports(dir, cfg.ConnOptions...)
 	rawTs := append(slices.Clone(ts), rdma(append(slices.Clip(cfg.ConnOptions), conn.WithRendezvousThreshold(-1))...))
 	rawTs[len(rawTs)-1].name = RDMARings
@@ -140,6 +148,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// Which provider conn picked: ask a connection.
 	c, s, err := pipe(ctx, ts[2])
 	if err != nil {
+		return nil, fmt.Errorf("rdmagrpc: %w", err)
+	}
+	if err := c.(*conn.Conn).Handshake(ctx); err != nil {
 		return nil, fmt.Errorf("rdmagrpc: %w", err)
 	}
 	rep.Provider = c.(*conn.Conn).Stats().Provider

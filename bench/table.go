@@ -96,6 +96,9 @@ func (r *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "Machine: %s; rdmagrpc provider %s; %s.\n", r.Machine, r.Provider, r.Machine.Date.Format("2006-01-02"))
 	fmt.Fprintf(w, "Medians of %d interleaved rounds, %v per figure and transport per round; run took %v.\n\n",
 		c.Rounds, c.BenchTime, r.Elapsed.Round(time.Second))
+	if c.Load > 0 {
+		fmt.Fprintf(w, "A busy host: %d CPU-bound process(es) (`while :; do :; done`) ran beside client and server for the whole run.\n\n", c.Load)
+	}
 	if Remote() {
 		fmt.Fprintf(w, "The server children ran on another host (%s=%s): \"TCP loopback\" below is TCP between the two hosts, \"child process\" a process there, and there is no unix socket column's figure; the bufconn ceiling and memcpy are this host's.\n\n",
 			RemoteEnv, os.Getenv(RemoteEnv))

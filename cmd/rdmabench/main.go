@@ -36,6 +36,11 @@ func main() {
 	flag.IntVar(&cfg.Fleet, "fleet", cfg.Fleet, "fleet connections (one 256 KiB message each, idle shrink on and off; 0: none)")
 	flag.DurationVar(&cfg.FleetShrink, "fleetshrink", cfg.FleetShrink, "the fleet's idle shrink (time compressed)")
 	flag.DurationVar(&cfg.IdleAfter, "idleafter", cfg.IdleAfter, "the idle connections' idle shrink (time compressed): they are measured again once idle that long; 0: only when set up")
+	flag.IntVar(&cfg.Load, "load", cfg.Load, "CPU-bound processes to run beside client and server (a busy host)")
+	sizes := flag.String("sizes", ints(cfg.Sizes), "unary sizes, comma-separated")
+	conc := flag.String("conc", ints(cfg.Concurrency), "QPS concurrencies, comma-separated")
+	raw := flag.String("raw", ints(cfg.RawSizes), "raw net.Conn write sizes, comma-separated")
+	flag.IntVar(&cfg.Enlarge, "enlarge", cfg.Enlarge, "fresh connections enlarged per round")
 	out := flag.String("o", "", "also write the tables to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (and of each server child to FILE.server.<transport>, its last round)")
 	flag.BoolVar(&cfg.OneProcess, "oneprocess", cfg.OneProcess, "also measure client and server in one process (a second table, for reference)")
@@ -67,6 +72,15 @@ func main() {
 	var err error
 	if cfg.Idle, err = parseInts(*idle); err != nil {
 		fatal(fmt.Errorf("-idle: %w", err))
+	}
+	if cfg.Sizes, err = parseInts(*sizes); err != nil {
+		fatal(fmt.Errorf("-sizes: %w", err))
+	}
+	if cfg.Concurrency, err = parseInts(*conc); err != nil {
+		fatal(fmt.Errorf("-conc: %w", err))
+	}
+	if cfg.RawSizes, err = parseInts(*raw); err != nil {
+		fatal(fmt.Errorf("-raw: %w", err))
 	}
 	cfg.Provider = *provider
 	cfg.Log = os.Stderr
