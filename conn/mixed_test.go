@@ -472,7 +472,7 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 		}
 	}()
 	const timeout = 300 * time.Millisecond
-	// The time to the verdict: Stats waits for it.
+	// The time to the verdict: Handshake waits for it.
 	dial := func() (*Conn, time.Duration) {
 		start := time.Now()
 		nc, err := Dial(t.Context(), tl.Addr().String(), WithProvider("shm"), WithUpgradeTimeout(timeout))
@@ -480,7 +480,7 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { nc.Close() })
-		nc.(*Conn).Stats()
+		nc.(*Conn).Handshake(t.Context())
 		return nc.(*Conn), time.Since(start)
 	}
 	c, first := dial()

@@ -69,6 +69,9 @@ func TestProviderChoiceReported(t *testing.T) {
 	if !strings.Contains(buf.String(), "level=DEBUG") || !strings.Contains(buf.String(), "provider=shm why=option") {
 		t.Fatalf("WithLogger got %q", buf.String())
 	}
+	if err := c.(*Conn).Handshake(ctx); err != nil {
+		t.Fatal(err)
+	}
 	s := c.(*Conn).Stats()
 	if s.Provider != "shm" || s.ProviderReason != "option" {
 		t.Fatalf("Stats: provider %q, reason %q; want shm, option", s.Provider, s.ProviderReason)
