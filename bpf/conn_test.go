@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"debug/elf"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -16,18 +17,26 @@ import (
 // system linker, as every cgo program is, which puts C code at the start
 // of .text, before runtime.text.
 var connBuilds = []struct {
-	name  string
-	flags []string
+	name      string
+	flags     []string
+	toolchain string // GOTOOLCHAIN for the build; "": this test's own Go
 }{
-	{"default", nil},
-	{"stripped", []string{"-ldflags=-s -w"}},
-	{"pie-trimpath", []string{"-buildmode=pie", "-trimpath"}},
-	{"pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-s -w"}},
-	{"ext", []string{"-ldflags=-linkmode=external"}},
-	{"ext-stripped", []string{"-ldflags=-linkmode=external -s -w"}},
-	{"ext-pie-trimpath", []string{"-buildmode=pie", "-trimpath", "-ldflags=-linkmode=external"}},
-	{"ext-pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-linkmode=external -s -w"}},
+	{"default", nil, ""},
+	{"stripped", []string{"-ldflags=-s -w"}, ""},
+	{"pie-trimpath", []string{"-buildmode=pie", "-trimpath"}, ""},
+	{"pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-s -w"}, ""},
+	{"ext", []string{"-ldflags=-linkmode=external"}, ""},
+	{"ext-stripped", []string{"-ldflags=-linkmode=external -s -w"}, ""},
+	{"ext-pie-trimpath", []string{"-buildmode=pie", "-trimpath", "-ldflags=-linkmode=external"}, ""},
+	{"ext-pie-trimpath-stripped", []string{"-buildmode=pie", "-trimpath", "-ldflags=-linkmode=external -s -w"}, ""},
+	// The next Go release's linker, which the module proxy serves as a
+	// toolchain: a service may be built with it before this tree moves.
+	{"next-ext", []string{"-ldflags=-linkmode=external"}, nextGo},
+	{"next-ext-stripped", []string{"-ldflags=-linkmode=external -s -w"}, nextGo},
 }
+
+// nextGo is the Go release after the one go.mod names.
+const nextGo = "go1.27.3"
 
 // connPairs are the builds whose probes must be found at the same file
 // offsets: each unstripped build (first) and its stripped twin.
@@ -36,19 +45,25 @@ var connPairs = [][2]string{
 	{"pie-trimpath", "pie-trimpath-stripped"},
 	{"ext", "ext-stripped"},
 	{"ext-pie-trimpath", "ext-pie-trimpath-stripped"},
+	{"next-ext", "next-ext-stripped"},
 }
 
 var connBuilt sync.Map // name → path, built once per run
 
-func buildConn(t *testing.T, name string, flags []string) string {
+func buildConn(t *testing.T, name string, flags []string, toolchain ...string) string {
 	t.Helper()
 	if p, ok := connBuilt.Load(name); ok {
 		return p.(string)
 	}
 	bin := filepath.Join(helpers(t), "connenlarge-"+name)
 	args := append(append([]string{"build", "-o", bin}, flags...), "./testdata/connenlarge")
-	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
-		t.Fatalf("build testdata/connenlarge %v: %v\n%s", flags, err, out)
+	cmd := exec.Command("go", args...)
+	if len(toolchain) > 0 && toolchain[0] != "" {
+		// The go command fetches that toolchain from the module proxy.
+		cmd.Env = append(os.Environ(), "GOTOOLCHAIN="+toolchain[0])
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build testdata/connenlarge %v with %v: %v\n%s", flags, toolchain, err, out)
 	}
 	connBuilt.Store(name, bin)
 	return bin
@@ -60,11 +75,19 @@ func buildConn(t *testing.T, name string, flags []string) string {
 // not the start of .text.
 func TestLocateGoFuncStripped(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds eight binaries")
+		t.Skip("builds ten binaries")
 	}
 	locs := map[string]map[string]goFunc{}
 	for _, b := range connBuilds {
-		bin := buildConn(t, b.name, b.flags)
+		bin := buildConn(t, b.name, b.flags, b.toolchain)
+		if b.toolchain != "" {
+			// The binary says which Go linked it: the build above did
+			// not fall back to this test's own toolchain.
+			out, err := exec.Command("go", "version", bin).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), b.toolchain) {
+				t.Fatalf("%s: built by %q, want %s (%v)", b.name, strings.TrimSpace(string(out)), b.toolchain, err)
+			}
+		}
 		f, err := elf.Open(bin)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +137,7 @@ func checkAgainstSymtab(t *testing.T, name string, f *elf.File, locs map[string]
 		}
 	}
 	text := f.Section(".text")
-	if ext := strings.HasPrefix(name, "ext"); ext != (addr["runtime.text"] != text.Addr) {
+	if ext := strings.Contains(name, "ext"); ext != (addr["runtime.text"] != text.Addr) {
 		t.Errorf("%s: runtime.text %#x, .text %#x: external linking should put C code first", name, addr["runtime.text"], text.Addr)
 	}
 }
@@ -129,7 +152,7 @@ func TestConnEnlargementMarker(t *testing.T) {
 	for _, b := range []int{0, 3, len(connBuilds) - 1} {
 		b := connBuilds[b]
 		t.Run(b.name, func(t *testing.T) {
-			bin := buildConn(t, b.name, b.flags)
+			bin := buildConn(t, b.name, b.flags, b.toolchain)
 			const n = 6
 			tg := startTarget(t, bin, "-n", "6")
 			tr, err := Open(Options{PID: tg.cmd.Process.Pid})
