@@ -15,7 +15,9 @@ import (
 
 // The negotiation behind a dial. Dial returns once TCP is connected, as
 // net.Dial does, and a goroutine of the Conn's, which lives for one round
-// trip (or the RDMA dial an offer starts), runs the negotiation. Until
+// trip (or the RDMA dial an offer starts), runs the negotiation once the
+// user's first bytes show an HTTP/2 client's start (anything else, such
+// as TLS, is negotiated apart: see probe.go). Until
 // its verdict the Conn holds what its user writes, up to maxHeld bytes,
 // and its reads wait; at the verdict it carries on over TCP (the server's
 // bytes replayed, the preface not sent twice) or hands every call to the
@@ -47,6 +49,10 @@ type behind struct {
 	// ready is rdma once the held bytes went to it.
 	ready atomic.Pointer[Conn]
 
+	// wrote (capacity 1) is signalled at each held write: the
+	// negotiation waits for the first bytes before it sends anything.
+	wrote chan struct{}
+
 	mu       sync.Mutex
 	held     []byte
 	hasHeld  bool // a write was held: Close must deliver it
@@ -74,7 +80,7 @@ type behind struct {
 func dialBehind(tc *net.TCPConn, addr string, o *options, name string) *Conn {
 	c := &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), connIDKey{}, c.id))
-	n := &behind{done: make(chan struct{}), out: make(chan struct{}), changed: make(chan struct{}), cancel: cancel}
+	n := &behind{done: make(chan struct{}), out: make(chan struct{}), wrote: make(chan struct{}, 1), changed: make(chan struct{}), cancel: cancel}
 	c.tcp = &tcpSide{nc: tc, neg: n, strip: len(h2Preface)}
 	n.wg.Add(1)
 	go c.negotiateBehind(ctx, addr, name)
@@ -86,7 +92,22 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 	defer n.wg.Done()
 	defer n.cancel()
 	tc := t.nc.(*net.TCPConn)
-	v, err := settle(ctx, tc, addr, c.o, name)
+	var v verdict
+	preface, err := n.firstBytes(ctx)
+	switch {
+	case err != nil:
+	case preface:
+		v, err = settle(ctx, tc, addr, c.o, name)
+	default:
+		// Not an HTTP/2 client's start (a TLS ClientHello, say): the
+		// negotiation's own preface must not come before it (probe.go).
+		v, err = settleApart(ctx, tc, addr, c.o, name)
+		if err == nil && v.untouched {
+			t.wmu.Lock()
+			t.strip = 0 // nothing was sent ahead of the user's bytes
+			t.wmu.Unlock()
+		}
+	}
 	n.mu.Lock()
 	if n.discard {
 		// Close ended it: what a waiting call returns says so, not the
@@ -171,6 +192,49 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 			r.Close()
 		case n.open:
 			c.tcpClose()
+		}
+	}
+}
+
+// firstWriteWait is how long a dial's negotiation waits for the user's
+// first bytes before it sends its own. grpc-go writes its preface, or its
+// TLS ClientHello, right after the dial; a protocol whose server speaks
+// first writes nothing, and its first connection to a server learns the
+// verdict this much later.
+const firstWriteWait = 100 * time.Millisecond
+
+// firstBytes waits until the held bytes tell whether the connection
+// starts as an HTTP/2 client does (grpc-go's plaintext first write), or
+// with something else (a TLS ClientHello), or ctx ends (Close). No bytes
+// within firstWriteWait count as an HTTP/2 start: the negotiation goes
+// first.
+func (n *behind) firstBytes(ctx context.Context) (preface bool, err error) {
+	t := time.NewTimer(firstWriteWait)
+	defer t.Stop()
+	for {
+		n.mu.Lock()
+		h := n.held
+		switch {
+		case len(h) >= len(h2Preface):
+			n.mu.Unlock()
+			return string(h[:len(h2Preface)]) == h2Preface, nil
+		case len(h) > 0 && h2Preface[:len(h)] != string(h):
+			n.mu.Unlock()
+			return false, nil
+		}
+		n.mu.Unlock()
+		select {
+		case <-n.wrote:
+		case <-t.C:
+			n.mu.Lock()
+			none := len(n.held) == 0
+			n.mu.Unlock()
+			if none {
+				return true, nil
+			}
+			// A start of the preface: wait for the rest.
+		case <-ctx.Done():
+			return false, ctx.Err()
 		}
 	}
 }
@@ -266,6 +330,10 @@ func (n *behind) hold(b []byte) (ok, flushed bool, err error) {
 	}
 	n.held = append(n.held, b...)
 	n.hasHeld = true
+	select {
+	case n.wrote <- struct{}{}:
+	default:
+	}
 	return true, false, nil
 }
 

@@ -113,9 +113,22 @@ func clientStart(provider string) []byte {
 // (0: a plain client), provider the client's provider code.
 func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
 	buf := make([]byte, len(h2Preface)+9)
-	n, err := io.ReadFull(r, buf[:len(h2Preface)])
-	if err != nil || string(buf[:n]) != h2Preface {
-		return buf[:n], 0, 0, err
+	// Byte by byte as they come: a client whose first bytes are not the
+	// preface (TLS, or a protocol of its own) is handed over at once,
+	// even if it wrote fewer than the preface's length and waits, or
+	// closed.
+	for n := 0; n < len(h2Preface); {
+		m, err := r.Read(buf[n:len(h2Preface)])
+		n += m
+		if string(buf[:n]) != h2Preface[:n] {
+			return buf[:n], 0, 0, nil
+		}
+		if err != nil {
+			if err == io.EOF && n > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return buf[:n], 0, 0, err
+		}
 	}
 	if _, err := io.ReadFull(r, buf[len(h2Preface):]); err != nil {
 		return buf[:len(h2Preface)], 0, 0, err // a partial frame header is lost with the client
@@ -390,6 +403,9 @@ type verdict struct {
 	rdma   net.Conn
 	replay []byte
 	why    string
+	// untouched: nothing of the negotiation went on the TCP connection
+	// (settleApart), so the user's bytes go out as written.
+	untouched bool
 }
 
 // settle is the client's side of a negotiation on tc: our start, the

@@ -1,0 +1,95 @@
+package conn
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"time"
+
+	"errors"
+)
+
+// A connection whose first bytes are not an HTTP/2 client's (TLS: grpc-go
+// writes its ClientHello first) cannot be negotiated in-band: the
+// negotiation's preface would reach a plain TLS server before the
+// ClientHello, and that server closes the connection. So the question
+// goes on a connection of its own, a probe, which carries only the
+// negotiation's start. A plain server reads it as a bad first record and
+// closes it; an rdmagrpc listener answers, and the probe is reset then,
+// so that the listener drops it without an Accept. With an offer, the
+// dial upgrades to the offered RDMA address directly, as a dial to a
+// server it knows does, and its own TCP connection, on which nothing was
+// sent, is reset; without one, that connection carries on untouched.
+
+// probeTimeout bounds a probe, dial to answer, within the upgrade's
+// context.
+const probeTimeout = 5 * time.Second
+
+// settleApart is the negotiation of a connection tc whose first bytes are
+// not an HTTP/2 start: a probe, then an upgrade or tc as it is.
+func settleApart(ctx context.Context, tc *net.TCPConn, addr string, o *options, name string) (verdict, error) {
+	stay := func(why string) (verdict, error) {
+		if o.noFallback {
+			return verdict{}, fmt.Errorf("%w: %s", ErrNoRDMA, why)
+		}
+		return verdict{why: why, untouched: true}, nil
+	}
+	rdmaAddr, err := probeServer(ctx, addr, name)
+	if err != nil {
+		if final(ctx, err) {
+			return verdict{}, err
+		}
+		return stay(fmt.Sprintf("the first bytes written are not an HTTP/2 start (TLS, say), and a probe found no RDMA offer: %v", err))
+	}
+	if upgradeFailedRecently(rdmaAddr) {
+		return stay(fmt.Sprintf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL))
+	}
+	c, timedOut, err := upgrade(ctx, rdmaAddr, o, name, nil, nil)
+	if err == nil {
+		tc.SetLinger(0) // nothing was sent on it: the listener drops it
+		tc.Close()
+		rememberServer(addr, name, rdmaAddr)
+		return verdict{rdma: c}, nil
+	}
+	if final(ctx, err) {
+		return verdict{}, err
+	}
+	if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+		noteFailedUpgrade(rdmaAddr)
+	}
+	return stay(fmt.Sprintf("the RDMA upgrade failed: %v", err))
+}
+
+// probeServer asks the server at addr, on a connection of its own,
+// whether it offers RDMA to the provider name, and returns the offered
+// address.
+func probeServer(ctx context.Context, addr, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
+	}
+	defer nc.Close()
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(aLongTimeAgo) })
+	defer stop()
+	if _, err := nc.Write(clientStart(name)); err != nil {
+		return "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
+	}
+	var magic [len(replyMagic)]byte
+	if _, err := io.ReadFull(nc, magic[:]); err != nil || string(magic[:]) != replyMagic {
+		return "", ctxErr(ctx, fmt.Errorf("probe: not an rdmagrpc server (%v)", err))
+	}
+	kind, payload, err := readReply(nc)
+	nc.(*net.TCPConn).SetLinger(0) // a reset: the listener drops the probe at once
+	switch {
+	case err != nil:
+		return "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
+	case kind != verdictRDMA:
+		return "", fmt.Errorf("the server offers no RDMA: %s", payload)
+	}
+	return payload, nil
+}
