@@ -1,8 +1,10 @@
 package bpf
 
 import (
+	"bufio"
 	"debug/elf"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +18,15 @@ import (
 // cgo program linked by the system linker, with extra go build flags.
 func buildDemo(t *testing.T, name string, flags ...string) string {
 	t.Helper()
+	return buildCgo(t, "../cmd/demo", name, flags...)
+}
+
+// buildCgo builds the program pkg, which must link the verbs provider
+// (a cgo program), with extra go build flags.
+func buildCgo(t *testing.T, pkg, name string, flags ...string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), name)
-	args := append(append([]string{"build", "-o", bin}, flags...), "../cmd/demo")
+	args := append(append([]string{"build", "-o", bin}, flags...), pkg)
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -153,4 +162,122 @@ func TestTraceStrippedCgoDemo(t *testing.T) {
 	if u.regs == 0 || u.enlargements != 4 || s != u {
 		t.Errorf("stripped build: %+v, unstripped %+v; want equal, with registrations and 4 enlargement events (each side enlarges and serves)", s, u)
 	}
+}
+
+// The interop server built as shipped, stripped cgo, traced from outside
+// while grpc-go's interop client runs cases against it: its output and
+// exit status are those of an untraced run, and the tracer counts the
+// same registrations and enlargements in it as in the unstripped build.
+func TestTraceStrippedCgoInteropServer(t *testing.T) {
+	requireRoot(t)
+	if testing.Short() {
+		t.Skip("builds and runs the interop server four times")
+	}
+	for _, tool := range []string{"go", "gcc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("skipping: building the cgo interop server needs %s", tool)
+		}
+	}
+	client := filepath.Join(t.TempDir(), "interop-client")
+	if out, err := exec.Command("go", "build", "-o", client, "../interop/client").CombinedOutput(); err != nil {
+		t.Fatalf("build the interop client: %v\n%s", err, out)
+	}
+	type counts struct{ regs, regBytes, enlargements int }
+	got := map[string]counts{}
+	for _, b := range []struct {
+		name  string
+		flags []string
+	}{{"unstripped", nil}, {"stripped", []string{"-ldflags=-s -w"}}} {
+		bin := buildCgo(t, "../interop/server", "interop-server-"+b.name, b.flags...)
+		plain, plainCode := runInterop(t, bin, client, nil)
+
+		tr, err := Open(Options{})
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		if attached, err := tr.AttachGoFuncs(bin, KnownGoFuncs); err != nil || len(attached) != len(KnownGoFuncs) {
+			tr.Close()
+			t.Fatalf("%s: AttachGoFuncs: %v, %v", b.name, attached, err)
+		}
+		var pid int
+		traced, tracedCode := runInterop(t, bin, client, func(p int) { pid = p })
+		evs := drain(t, tr)
+		tr.Close()
+
+		if tracedCode != plainCode {
+			t.Errorf("%s: exit status %d traced, %d untraced", b.name, tracedCode, plainCode)
+		}
+		if p, q := demoShape(plain), demoShape(traced); !slices.Equal(p, q) {
+			t.Errorf("%s: output differs when traced.\nuntraced:\n%s\ntraced:\n%s", b.name, plain, traced)
+		}
+		var c counts
+		for _, ev := range evs {
+			if ev.PID != uint32(pid) {
+				continue
+			}
+			switch {
+			case ev.Kind == KindRegister && ev.OK:
+				c.regs++
+				c.regBytes += int(ev.Length)
+			case ev.Kind == KindEnlargement:
+				c.enlargements++
+			}
+		}
+		t.Logf("%s: %+v", b.name, c)
+		got[b.name] = c
+	}
+	u, s := got["unstripped"], got["stripped"]
+	if u.regs == 0 || u.enlargements == 0 || s != u {
+		t.Errorf("stripped build: %+v, unstripped %+v; want equal, with registrations and enlargements", s, u)
+	}
+}
+
+// runInterop starts the interop server bin over shm, runs the interop
+// client's cases against it, interrupts the server, and returns the
+// server's output and exit status.
+func runInterop(t *testing.T, bin, client string, started func(pid int)) (string, int) {
+	t.Helper()
+	srv := exec.Command(bin, "--port", "0", "--provider", "shm")
+	var out strings.Builder
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stdout, srv.Stderr = pw, &out
+	if err := srv.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	pw.Close()
+	if started != nil {
+		started(srv.Process.Pid)
+	}
+	r := bufio.NewReader(pr)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		srv.Process.Kill()
+		srv.Wait()
+		t.Fatalf("%s printed no address: %v", bin, err)
+	}
+	out.WriteString(line)
+	host, port, _ := strings.Cut(strings.TrimSpace(line), ":")
+	cl := exec.Command(client, "--server_host", host, "--server_port", port, "--provider", "shm",
+		"--test_case", "large_unary,client_streaming,server_streaming,ping_pong")
+	if cout, err := cl.CombinedOutput(); err != nil {
+		srv.Process.Kill()
+		srv.Wait()
+		t.Fatalf("interop client against %s: %v\n%s", bin, err, cout)
+	}
+	srv.Process.Signal(os.Interrupt)
+	rest, _ := io.ReadAll(r)
+	out.Write(rest)
+	err = srv.Wait()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("%s: %v", bin, err)
+		}
+		code = ee.ExitCode()
+	}
+	return out.String(), code
 }
