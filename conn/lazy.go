@@ -56,6 +56,7 @@ type behind struct {
 	mu       sync.Mutex
 	held     []byte
 	hasHeld  bool // a write was held: Close must deliver it
+	hurried  bool // Handshake asked for the verdict: no wait for a first write
 	flushed  bool // out is closed
 	rdl, wdl time.Time
 	closed   bool // Close was called: calls fail
@@ -206,8 +207,8 @@ const firstWriteWait = 100 * time.Millisecond
 // firstBytes waits until the held bytes tell whether the connection
 // starts as an HTTP/2 client does (grpc-go's plaintext first write), or
 // with something else (a TLS ClientHello), or ctx ends (Close). No bytes
-// within firstWriteWait count as an HTTP/2 start: the negotiation goes
-// first.
+// within firstWriteWait, or none when Handshake asks for the verdict,
+// count as an HTTP/2 start: the negotiation goes first.
 func (n *behind) firstBytes(ctx context.Context) (preface bool, err error) {
 	t := time.NewTimer(firstWriteWait)
 	defer t.Stop()
@@ -221,6 +222,9 @@ func (n *behind) firstBytes(ctx context.Context) (preface bool, err error) {
 		case len(h) > 0 && h2Preface[:len(h)] != string(h):
 			n.mu.Unlock()
 			return false, nil
+		case len(h) == 0 && n.hurried:
+			n.mu.Unlock()
+			return true, nil
 		}
 		n.mu.Unlock()
 		select {
@@ -439,6 +443,15 @@ func (c *Conn) Handshake(ctx context.Context) error {
 // for the held bytes to go out: what follows needs the final connection.
 func (c *Conn) settled(ctx context.Context) (*Conn, error) {
 	n := c.tcp.neg
+	// Whoever waits for the verdict before writing anything does not
+	// wait for firstWriteWait too.
+	n.mu.Lock()
+	n.hurried = true
+	n.mu.Unlock()
+	select {
+	case n.wrote <- struct{}{}:
+	default:
+	}
 	if err := n.waitFor(ctx, waitNoDeadline, n.out); err != nil {
 		return nil, err
 	}
