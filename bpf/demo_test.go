@@ -101,8 +101,7 @@ func TestTraceStrippedCgoDemo(t *testing.T) {
 		{"unstripped", nil},
 		{"stripped", []string{"-ldflags=-s -w"}},
 	}
-	type counts struct{ regs, regBytes, enlargements int }
-	got := map[string]counts{}
+	got := map[string]traceCounts{}
 	for _, b := range builds {
 		bin := buildDemo(t, "demo-"+b.name, b.flags...)
 		f, err := elf.Open(bin)
@@ -137,19 +136,7 @@ func TestTraceStrippedCgoDemo(t *testing.T) {
 		if p, q := demoShape(plain), demoShape(traced); !slices.Equal(p, q) {
 			t.Errorf("%s: output differs when traced.\nuntraced:\n%s\ntraced:\n%s", b.name, plain, traced)
 		}
-		var c counts
-		for _, ev := range evs {
-			if ev.PID != uint32(pid) {
-				continue
-			}
-			switch {
-			case ev.Kind == KindRegister && ev.OK:
-				c.regs++
-				c.regBytes += int(ev.Length)
-			case ev.Kind == KindEnlargement:
-				c.enlargements++
-			}
-		}
+		c := countTraced(evs, pid)
 		t.Logf("%s: %+v; traced output:\n%s", b.name, c, traced)
 		// The demo's own eBPF view of itself must agree with ours.
 		own := fmt.Sprintf("registrations %d (%d bytes, 0 failed)", c.regs, c.regBytes)
@@ -162,6 +149,28 @@ func TestTraceStrippedCgoDemo(t *testing.T) {
 	if u.regs == 0 || u.enlargements != 4 || s != u {
 		t.Errorf("stripped build: %+v, unstripped %+v; want equal, with registrations and 4 enlargement events (each side enlarges and serves)", s, u)
 	}
+}
+
+// traceCounts are what a traced run of a program registered and enlarged.
+type traceCounts struct{ regs, regBytes, enlargements int }
+
+// countTraced counts the successful registrations and the enlargements
+// of process pid among evs.
+func countTraced(evs []Event, pid int) traceCounts {
+	var c traceCounts
+	for _, ev := range evs {
+		if ev.PID != uint32(pid) {
+			continue
+		}
+		switch {
+		case ev.Kind == KindRegister && ev.OK:
+			c.regs++
+			c.regBytes += int(ev.Length)
+		case ev.Kind == KindEnlargement:
+			c.enlargements++
+		}
+	}
+	return c
 }
 
 // The interop server built as shipped, stripped cgo, traced from outside
@@ -182,8 +191,7 @@ func TestTraceStrippedCgoInteropServer(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", client, "../interop/client").CombinedOutput(); err != nil {
 		t.Fatalf("build the interop client: %v\n%s", err, out)
 	}
-	type counts struct{ regs, regBytes, enlargements int }
-	got := map[string]counts{}
+	got := map[string]traceCounts{}
 	for _, b := range []struct {
 		name  string
 		flags []string
@@ -210,19 +218,7 @@ func TestTraceStrippedCgoInteropServer(t *testing.T) {
 		if p, q := demoShape(plain), demoShape(traced); !slices.Equal(p, q) {
 			t.Errorf("%s: output differs when traced.\nuntraced:\n%s\ntraced:\n%s", b.name, plain, traced)
 		}
-		var c counts
-		for _, ev := range evs {
-			if ev.PID != uint32(pid) {
-				continue
-			}
-			switch {
-			case ev.Kind == KindRegister && ev.OK:
-				c.regs++
-				c.regBytes += int(ev.Length)
-			case ev.Kind == KindEnlargement:
-				c.enlargements++
-			}
-		}
+		c := countTraced(evs, pid)
 		t.Logf("%s: %+v", b.name, c)
 		got[b.name] = c
 	}

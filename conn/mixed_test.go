@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
@@ -60,7 +61,13 @@ func serveHealth(t *testing.T, l net.Listener) {
 // check makes one health RPC to addr; dialer nil is grpc-go's own TCP.
 func check(t *testing.T, addr string, dialer func(context.Context, string) (net.Conn, error)) {
 	t.Helper()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	checkCreds(t, addr, insecure.NewCredentials(), dialer)
+}
+
+// checkCreds makes one health RPC to addr with creds, within 10 s.
+func checkCreds(t *testing.T, addr string, creds credentials.TransportCredentials, dialer func(context.Context, string) (net.Conn, error)) {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(dialer))
 	}
@@ -73,7 +80,7 @@ func check(t *testing.T, addr string, dialer func(context.Context, string) (net.
 	defer cancel()
 	r, err := healthgrpc.NewHealthClient(cc).Check(ctx, &healthgrpc.HealthCheckRequest{})
 	if err != nil || r.Status != healthgrpc.HealthCheckResponse_SERVING {
-		t.Fatalf("health check over %s: %v %v", addr, r, err)
+		t.Fatalf("health check over %s (%s): %v %v", addr, creds.Info().SecurityProtocol, r, err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package conn
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -59,27 +58,6 @@ func serveHealthTLS(t *testing.T, l net.Listener, creds credentials.TransportCre
 	t.Cleanup(s.Stop)
 }
 
-// checkTLS makes one health RPC to addr over TLS, within 5 s; dialer nil
-// is grpc-go's own TCP.
-func checkTLS(t *testing.T, addr string, creds credentials.TransportCredentials, dialer func(context.Context, string) (net.Conn, error)) {
-	t.Helper()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if dialer != nil {
-		opts = append(opts, grpc.WithContextDialer(dialer))
-	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	r, err := healthgrpc.NewHealthClient(cc).Check(ctx, &healthgrpc.HealthCheckRequest{})
-	if err != nil || r.Status != healthgrpc.HealthCheckResponse_SERVING {
-		t.Fatalf("TLS health check over %s: %v %v", addr, r, err)
-	}
-}
-
 // An rdmagrpc client with TLS credentials reaches a plain grpc-go TLS
 // server, on first contact and after: the negotiation never puts its
 // preface in front of the ClientHello.
@@ -93,7 +71,7 @@ func TestTLSClientReachesPlainTLSServer(t *testing.T) {
 	dial, got := recording()
 	for i := range 2 {
 		start := time.Now()
-		checkTLS(t, l.Addr().String(), cliCreds, dial)
+		checkCreds(t, l.Addr().String(), cliCreds, dial)
 		c := <-got
 		if s := c.Stats(); s.Provider != "tcp" {
 			t.Errorf("connection %d: provider %q (%s)", i+1, s.Provider, s.ProviderReason)
@@ -123,7 +101,7 @@ func TestTLSBetweenRdmagrpcEnds(t *testing.T) {
 
 	dial, got := recording()
 	for _, which := range []string{"first", "second"} {
-		checkTLS(t, addr, cliCreds, dial)
+		checkCreds(t, addr, cliCreds, dial)
 		sc := (<-cl.got).(*Conn)
 		if err := sc.Handshake(t.Context()); err != nil {
 			t.Fatal(err)
@@ -139,6 +117,6 @@ func TestTLSBetweenRdmagrpcEnds(t *testing.T) {
 		t.Errorf("%d more connections accepted: a probe reached Accept", len(cl.got))
 	}
 
-	checkTLS(t, addr, cliCreds, nil) // a plain grpc-go TLS client
+	checkCreds(t, addr, cliCreds, nil) // a plain grpc-go TLS client
 	wantProvider(t, "server side of the plain TLS client's", (<-cl.got).(*Conn), "tcp", "")
 }

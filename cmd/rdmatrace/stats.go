@@ -388,17 +388,7 @@ func shortBytes(n uint64) string {
 	if n < 1024 {
 		return fmt.Sprintf("%dB", n)
 	}
-	v := float64(n)
-	for _, u := range "KMGTPE" {
-		v /= 1024
-		if v < 9.95 {
-			return fmt.Sprintf("%.1f%c", v, u)
-		}
-		if v < 1023.5 {
-			return fmt.Sprintf("%.0f%c", v, u)
-		}
-	}
-	return "huge"
+	return shortScaled(float64(n), 1024, "KMGTPE", 9.95, 1023.5)
 }
 
 // shortCount is n in at most 5 columns: "9999", "12.3k", "999k", "1.2M".
@@ -406,13 +396,18 @@ func shortCount(n uint64) string {
 	if n < 100000 {
 		return strconv.FormatUint(n, 10)
 	}
-	v := float64(n)
-	for _, u := range "kMGTPE" {
-		v /= 1000
-		if v < 99.95 {
+	return shortScaled(float64(n), 1000, "kMGTPE", 99.95, 999.5)
+}
+
+// shortScaled divides v by base until it fits, and prints it with the
+// unit letter reached: one decimal below oneDecimal, none below whole.
+func shortScaled(v, base float64, units string, oneDecimal, whole float64) string {
+	for _, u := range units {
+		v /= base
+		if v < oneDecimal {
 			return fmt.Sprintf("%.1f%c", v, u)
 		}
-		if v < 999.5 {
+		if v < whole {
 			return fmt.Sprintf("%.0f%c", v, u)
 		}
 	}

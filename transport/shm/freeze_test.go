@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -184,6 +185,14 @@ func startFreezeHelper(t *testing.T, mode string, env ...string) (*bufio.Reader,
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), freezeEnv+"="+mode), env...)
+	out, in := startChild(t, cmd)
+	return out, func() { in.Close() }
+}
+
+// startChild starts cmd with pipes to its stdin and from its stdout; the
+// child is killed and waited for when the test ends.
+func startChild(t *testing.T, cmd *exec.Cmd) (*bufio.Reader, io.WriteCloser) {
+	t.Helper()
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -197,7 +206,7 @@ func startFreezeHelper(t *testing.T, mode string, env ...string) (*bufio.Reader,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
-	return bufio.NewReader(out), func() { in.Close() }
+	return bufio.NewReader(out), in
 }
 
 // echoConn is one of this process's connections to the echo process.

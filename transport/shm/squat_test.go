@@ -115,20 +115,7 @@ func startSquatter(t *testing.T, ip netip.Addr, port int) (stop func() string) {
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), squatEnv+"="+sockName(ip, port))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	r := bufio.NewReader(out)
+	r, in := startChild(t, cmd)
 	if line, err := r.ReadString('\n'); err != nil || strings.TrimSpace(line) != "READY" {
 		t.Fatalf("squatter as uid %d did not start: %q %v", nobody, line, err)
 	}
