@@ -2,9 +2,12 @@ package conn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -120,4 +123,28 @@ func TestStatsDoesNotWaitForTheNegotiation(t *testing.T) {
 	}
 	sc := <-silent
 	sc.Close()
+}
+
+// A dial that nothing answers fails as net.Dial does: the TCP error first
+// (errors.Is finds syscall.ECONNREFUSED), the direct RDMA attempt's
+// reason in the text.
+func TestDialRefusedIsTCPs(t *testing.T) {
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := tl.Addr().String()
+	tl.Close() // nothing listens there now
+	_, err = Dial(context.Background(), addr)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial to %s: %v; want an error that is syscall.ECONNREFUSED", addr, err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || ne.Timeout() {
+		t.Fatalf("dial to %s: %v is not a net.Error, or says time-out", addr, err)
+	}
+	if !strings.Contains(err.Error(), "directly over RDMA") {
+		t.Errorf("the RDMA attempt's reason is not in %q", err)
+	}
+	t.Log(err)
 }

@@ -369,7 +369,11 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			// Nothing on the TCP side: a listener WithoutTCP, or one of
 			// an rdmagrpc older than the TCP side.
-			return dialRDMA(ctx, addr, o, name, nil, nil)
+			c, rerr := dialRDMA(ctx, addr, o, name, nil, nil)
+			if rerr == nil || listenerAnswered(rerr) {
+				return c, rerr
+			}
+			return nil, &dialError{tcp: err, rdma: rerr}
 		}
 		return nil, err
 	}
@@ -395,6 +399,35 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
 	}
 	return v.rdma, nil // WithoutFallback: settle never stays on TCP
+}
+
+// dialError is a dial that nothing answered, over TCP nor directly over
+// RDMA. It is the TCP error, to errors.Is and errors.As and as a
+// net.Error, as net.Dial's would be (grpc-go's back-off and users' retry
+// code look for syscall.ECONNREFUSED); its text gives the RDMA attempt's
+// reason too.
+type dialError struct{ tcp, rdma error }
+
+func (e *dialError) Error() string {
+	return e.tcp.Error() + " (and directly over RDMA: " + e.rdma.Error() + ")"
+}
+
+func (e *dialError) Unwrap() error { return e.tcp }
+
+func (e *dialError) Timeout() bool {
+	var ne net.Error
+	return errors.As(e.tcp, &ne) && ne.Timeout()
+}
+
+// Temporary is net.Error's; deprecated there, false here.
+func (e *dialError) Temporary() bool { return false }
+
+// listenerAnswered: err is an RDMA listener's answer (a refusal of this
+// process, a full backlog, a rejection), which says more than TCP's
+// refusal.
+func listenerAnswered(err error) bool {
+	var rej *transport.RejectError
+	return errors.As(err, &rej) || errors.Is(err, ErrPeerRefused) || errors.Is(err, ErrListenerRefused) || errors.Is(err, errBacklogFull)
 }
 
 // verdict is what a negotiation found: an upgraded connection, or the
