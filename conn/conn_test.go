@@ -60,6 +60,11 @@ func dialPipe(t testing.TB, early bool, opts ...Option) (c1, c2 net.Conn, stop f
 		ll := l.(*Listener)
 		t.Cleanup(func() { forgetServer(ll.Addr().String(), ll.name) })
 		if err := makeKnown(ctx, ll, opts); err != nil {
+			// The connection it made, if accepted, goes too.
+			l.Close()
+			if first := <-ch; first.err == nil {
+				first.c.Close()
+			}
 			return nil, nil, nil, err
 		}
 		first := <-ch
