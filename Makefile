@@ -19,7 +19,7 @@ build: deps
 # eBPF probes (as root). Tier 3, the Soft-RoCE qemu guest, runs after them:
 # never beside them on a 2-core machine.
 test: deps
-	$(GO) vet $(PKGS)
+	$(MAKE) lint
 	$(MAKE) test-unit
 	$(MAKE) test-without-rdma-core
 	$(MAKE) test-rxe
@@ -50,8 +50,10 @@ generate:
 	$(GO) generate ./...
 
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# gofmt, go.mod as go mod tidy leaves it, vet and staticcheck; part of make test.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 
