@@ -417,9 +417,11 @@ func (c *Conn) tcpWrite(b []byte) (int, error) {
 // negotiation behind its dial (see Dial) upgraded it to RDMA, or it
 // carries on over TCP, and what was written before went out. It returns
 // why neither, such as a listener's refusal or a server that closed.
-// Read, Write and Stats wait for the negotiation themselves, as
-// crypto/tls's Conn does its handshake; Handshake is for a caller that
-// wants its outcome, or an error, at a point of its choosing. A dial to a
+// Read and Write wait for the negotiation themselves, as crypto/tls's
+// Conn does its handshake (Stats does not: it says ProviderNegotiating
+// until then); Handshake is for a caller that wants its outcome, or an
+// error, at a point of its choosing, and it starts the negotiation of a
+// dial that has written nothing yet. A dial to a
 // listener known to offer RDMA, which returns once its request is sent,
 // waits for the listener's answer the same way. A connection that never
 // negotiated returns nil at once.
