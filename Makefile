@@ -79,5 +79,5 @@ clean:
 -include tests/rxe/rxe.mk
 ifeq ($(wildcard tests/rxe/rxe.mk),)
 test-rxe:
-	@echo "test-rxe: the Soft-RoCE tier is not in this tree yet (issue 3)"
+	@echo "test-rxe: the Soft-RoCE tier is not in this tree yet"
 endif

@@ -21,7 +21,7 @@ import (
 // RPC on a new grpc.ClientConn; for rdmagrpc also a first dial, which
 // negotiates over TCP behind the dial and upgrades. Against the TCP
 // server, a plain grpc-go one, the same for conn.Dial: the fall-back of an
-// rdmagrpc client to a server that has not adopted it (issue 18: ≤ 1.5× a
+// rdmagrpc client to a server that has not adopted it (goal: ≤ 1.5× a
 // TCP dial).
 const (
 	dialSamples = 200

@@ -15,7 +15,7 @@ import (
 )
 
 // What conn.StatsHandler costs a client with the OpenTelemetry SDK
-// recording every RPC span (issue 20): 64 B unary calls, one at a time,
+// recording every RPC span: 64 B unary calls, one at a time,
 // against the server in the child process, with otelgrpc's handler alone
 // and with rdmagrpc's after it. The spans go to a processor that drops
 // them, so what is measured is the making of them.

@@ -198,7 +198,7 @@ func (r *Report) Markdown(w io.Writer) {
 		fmt.Fprintf(w, "| registrations while warming up (connections, enlargements, first rendezvous) | %d |\n", st.Warmup)
 	}
 
-	fmt.Fprintf(w, "\nGoals (issue 15: two processes; issue 8: idle and steady state), %s on this machine, as ratios in this run:\n\n| goal | measured | met |\n|---|---|---|\n", r.Provider)
+	fmt.Fprintf(w, "\nGoals (two processes; idle and steady state), %s on this machine, as ratios in this run:\n\n| goal | measured | met |\n|---|---|---|\n", r.Provider)
 	for _, g := range r.Goals() {
 		met := "no"
 		if g.Met {
@@ -217,7 +217,7 @@ type Goal struct {
 	Met  bool
 }
 
-// Goals judges the two-process figures against issue 15, and the idle
+// Goals judges the two-process figures against their goals, and the idle
 // and steady-state ones.
 func (r *Report) Goals() []Goal {
 	gs := r.twoProcGoals()
@@ -253,7 +253,7 @@ func (r *Report) Goals() []Goal {
 	return gs
 }
 
-// idleGoals judges the idle figures against issue 16, at the largest
+// idleGoals judges the idle figures against their goals, at the largest
 // count measured of each kind: rdmagrpc against TCP in the same run.
 func (r *Report) idleGoals() []Goal {
 	var gs []Goal
@@ -296,19 +296,19 @@ func (r *Report) idleGoals() []Goal {
 				got = fmt.Sprintf("%.2f× (medians of %d loops, interleaved: %v against %v; the first %v against %v)", x, k,
 					rm.Round(time.Millisecond), tm.Round(time.Millisecond), rdma.Setup.Round(time.Millisecond), tcp.Setup.Round(time.Millisecond))
 			}
-			gs = append(gs, Goal{fmt.Sprintf("%s set-up of %s connections in a loop ≤ 2× TCP's (issue 16)", kind, thousands(float64(rdma.Want))), got, x <= 2})
+			gs = append(gs, Goal{fmt.Sprintf("%s set-up of %s connections in a loop ≤ 2× TCP's", kind, thousands(float64(rdma.Want))), got, x <= 2})
 		}
 		if !gRPC {
-			gs = append(gs, Goal{"RSS per idle raw connection end ≤ 8 KiB registered + 4 KiB (issue 16)" + at,
+			gs = append(gs, Goal{"RSS per idle raw connection end ≤ 8 KiB registered + 4 KiB" + at,
 				kib(rc) + " / " + kib(rs), max(rc, rs) <= 12<<10})
-			gs = append(gs, Goal{"≤ 0.1 goroutines per idle raw connection end (issue 16)" + at,
+			gs = append(gs, Goal{"≤ 0.1 goroutines per idle raw connection end" + at,
 				fmt.Sprintf("%.2f / %.2f", rdma.GoroutinesClient, rdma.GoroutinesServer), max(rdma.GoroutinesClient, rdma.GoroutinesServer) <= 0.1})
 			continue
 		}
-		gs = append(gs, Goal{"RSS per idle gRPC connection ≤ TCP's + 16 KiB on each side (issue 16)" + at,
+		gs = append(gs, Goal{"RSS per idle gRPC connection ≤ TCP's + 16 KiB on each side" + at,
 			fmt.Sprintf("%s / %s (TCP %s / %s)", kib(rc), kib(rs), kib(tc), kib(ts)),
 			rc <= tc+16<<10 && rs <= ts+16<<10})
-		gs = append(gs, Goal{"goroutines per idle gRPC connection: none beyond grpc-go's own (issue 16)" + at,
+		gs = append(gs, Goal{"goroutines per idle gRPC connection: none beyond grpc-go's own" + at,
 			fmt.Sprintf("%.2f / %.2f (TCP %.2f / %.2f)", rdma.GoroutinesClient, rdma.GoroutinesServer, tcp.GoroutinesClient, tcp.GoroutinesServer),
 			rdma.GoroutinesClient <= tcp.GoroutinesClient+0.1 && rdma.GoroutinesServer <= tcp.GoroutinesServer+0.1})
 	}

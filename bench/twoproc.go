@@ -438,7 +438,7 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 	fmt.Fprintln(w)
 }
 
-// twoProcGoals judges the two-process figures against issue 15.
+// twoProcGoals judges the two-process figures against their goals.
 func (r *Report) twoProcGoals() []Goal {
 	var gs []Goal
 	rat := func(row, col string) (float64, string, bool) {
@@ -456,15 +456,15 @@ func (r *Report) twoProcGoals() []Goal {
 		fb, ok1 := r.Median(x.fb, TCP)
 		tcp, ok2 := r.Median(x.ref, TCP)
 		if ok1 && ok2 && tcp > 0 {
-			gs = append(gs, Goal{x.name + " (issue 18)", ratio(fb, tcp), fb <= 1.5*tcp})
+			gs = append(gs, Goal{x.name, ratio(fb, tcp), fb <= 1.5*tcp})
 		}
 	}
 	if x, s, ok := rat(row2(rowRaw(32<<10)), RDMARings); ok {
 		gs = append(gs, Goal{"raw 32 KiB writes ≥ 2× TCP (target 3×), two processes", s, x >= 2})
 	}
 	for _, x := range []struct{ row, name string }{
-		{rowDial(), "raw dial ≤ 2× a TCP dial (issue 16), in turns and back to back"},
-		{rowDialRPC(), "gRPC connection set-up (dial to first RPC) ≤ 2× TCP's (issue 16)"},
+		{rowDial(), "raw dial ≤ 2× a TCP dial, in turns and back to back"},
+		{rowDialRPC(), "gRPC connection set-up (dial to first RPC) ≤ 2× TCP's"},
 	} {
 		if v, s, ok := rat(x.row, RDMA); ok {
 			// Met only if both ways are: in turns, what one

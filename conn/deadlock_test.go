@@ -54,7 +54,7 @@ func TestRendezvousChunksBothWaysFullRings(t *testing.T) {
 	}()
 	// At least 16 rounds, more until one spilled: whether the rings fill
 	// before the readers start is timing (a writer short of credits polls
-	// for them itself since session 17, and drains sooner: 1 run in 15
+	// for them itself, and drains sooner: 1 run in 15
 	// went 16 rounds without a spill).
 	for i := 0; i < 64 && (i < 16 || spilled == 0); i++ {
 		// Four large slots: the rings must fill for the case to happen.

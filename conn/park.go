@@ -11,7 +11,7 @@ import (
 
 // Parking: a direction that carried nothing for WithIdleShrink in its
 // small phase lends its small ring back to the receiver, which gives the
-// ring's pages back to the system (issue 16: an idle connection should
+// ring's pages back to the system (an idle connection should
 // cost what a TCP one does, and a TCP socket holds no buffer pages once
 // its data is read). Without it every connection that ever carried an
 // HTTP/2 handshake keeps both 8 KiB rings resident, and on shm each

@@ -5,7 +5,7 @@ import (
 	"unsafe"
 )
 
-// Every idle connection end holds a Conn: issue 16 counts its bytes. Go
+// Every idle connection end holds a Conn: the idle-memory goal counts its bytes. Go
 // allocates it in the smallest size class that fits it and, as it holds
 // pointers and is over 512 B, an 8 B header: a field that pushes it past
 // 1,784 B costs 256 B per end, not its own size.
