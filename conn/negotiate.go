@@ -473,30 +473,12 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 	if kind == verdictTCP {
 		return stay(nil, "the server offers no RDMA: "+payload)
 	}
-	rdmaAddr := payload
-	var upErr error
-	if upgradeFailedRecently(rdmaAddr) {
-		upErr = fmt.Errorf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL)
-	} else {
-		c, timedOut, err := upgrade(ctx, rdmaAddr, o, name, nil, nil)
-		if err == nil {
-			// The listener sees the reset and lets the TCP side go; no
-			// TIME_WAIT is left on either side.
-			tc.SetLinger(0)
-			tc.Close()
-			rememberServer(addr, name, rdmaAddr)
-			return verdict{rdma: c}, nil
-		}
-		if final(ctx, err) {
-			return verdict{}, err
-		}
-		upErr = err
-		// Remember only what costs time to find out again: an address
-		// that did not answer. A local failure (memory, budget) may be
-		// gone at the next dial.
-		if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
-			noteFailedUpgrade(rdmaAddr)
-		}
+	c, upErr, err := upgradeFor(ctx, tc, addr, payload, o, name)
+	switch {
+	case err != nil:
+		return verdict{}, err
+	case c != nil:
+		return verdict{rdma: c}, nil
 	}
 	v, err := stay(nil, fmt.Sprintf("the RDMA upgrade failed: %v", upErr))
 	if err != nil {
@@ -506,6 +488,34 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 		return verdict{}, ctxErr(ctx, fmt.Errorf("negotiation: staying on TCP: %w", err))
 	}
 	return v, nil
+}
+
+// upgradeFor dials rdmaAddr, the RDMA address the listener at addr
+// offered, for the dial whose TCP connection is tc, unless an upgrade to
+// it failed recently. On success tc is reset (the listener lets it go; no
+// TIME_WAIT on either side) and the listener remembered; otherwise upErr
+// says why the dial carries on over TCP, or err is final.
+func upgradeFor(ctx context.Context, tc *net.TCPConn, addr, rdmaAddr string, o *options, name string) (c net.Conn, upErr, err error) {
+	if upgradeFailedRecently(rdmaAddr) {
+		return nil, fmt.Errorf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL), nil
+	}
+	c, timedOut, err := upgrade(ctx, rdmaAddr, o, name, nil, nil)
+	if err == nil {
+		tc.SetLinger(0)
+		tc.Close()
+		rememberServer(addr, name, rdmaAddr)
+		return c, nil, nil
+	}
+	if final(ctx, err) {
+		return nil, nil, err
+	}
+	// Remember only what costs time to find out again: an address that
+	// did not answer. A local failure (memory, budget) may be gone at the
+	// next dial.
+	if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+		noteFailedUpgrade(rdmaAddr)
+	}
+	return nil, err, nil
 }
 
 // upgrade dials the RDMA address a listener offered, within

@@ -5,10 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"syscall"
 	"time"
-
-	"errors"
 )
 
 // A connection whose first bytes are not an HTTP/2 client's (TLS: grpc-go
@@ -43,23 +40,14 @@ func settleApart(ctx context.Context, tc *net.TCPConn, addr string, o *options, 
 		}
 		return stay(fmt.Sprintf("the first bytes written are not an HTTP/2 start (TLS, say), and a probe found no RDMA offer: %v", err))
 	}
-	if upgradeFailedRecently(rdmaAddr) {
-		return stay(fmt.Sprintf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL))
-	}
-	c, timedOut, err := upgrade(ctx, rdmaAddr, o, name, nil, nil)
-	if err == nil {
-		tc.SetLinger(0) // nothing was sent on it: the listener drops it
-		tc.Close()
-		rememberServer(addr, name, rdmaAddr)
+	c, upErr, err := upgradeFor(ctx, tc, addr, rdmaAddr, o, name)
+	switch {
+	case err != nil:
+		return verdict{}, err
+	case c != nil:
 		return verdict{rdma: c}, nil
 	}
-	if final(ctx, err) {
-		return verdict{}, err
-	}
-	if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
-		noteFailedUpgrade(rdmaAddr)
-	}
-	return stay(fmt.Sprintf("the RDMA upgrade failed: %v", err))
+	return stay(fmt.Sprintf("the RDMA upgrade failed: %v", upErr))
 }
 
 // probeServer asks the server at addr, on a connection of its own,
