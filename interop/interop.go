@@ -1,6 +1,6 @@
 // Package interop runs grpc-go's interoperability TestService over
 // rdmagrpc: the server half on a conn.Listener, the client half through
-// conn.Dialer, both in plaintext, with grpc-go's own test case code
+// conn.Dialer, in plaintext or with TLS, with grpc-go's own test case code
 // (google.golang.org/grpc/interop). The commands interop/server and
 // interop/client wrap it with grpc-go's interop flag names.
 package interop
@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/interop"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -31,10 +32,11 @@ type Case struct {
 	run  func(ctx context.Context, cc *grpc.ClientConn, tc testgrpc.TestServiceClient)
 }
 
-// Cases are every case of the spec that applies to a plaintext transport
-// with one server. Left out: the credential cases (compute_engine_creds,
-// jwt_token_creds, oauth2_auth_token, per_rpc_creds,
-// google_default_credentials, ...), which need TLS and a cloud identity;
+// Cases are every case of the spec that applies to one server without a
+// cloud identity, in plaintext or over TLS. Left out: the credential cases
+// (compute_engine_creds, jwt_token_creds, oauth2_auth_token,
+// per_rpc_creds, google_default_credentials, ...), which need a cloud
+// identity;
 // the ORCA cases, which need a load-reporting server; and the xDS and
 // load-balancing cases (pick_first_unary among them: it checks the id of
 // one of several backends), which need several backends.
@@ -141,16 +143,49 @@ func Listen(ctx context.Context, addr string, opts ...conn.Option) (net.Listener
 	return conn.Listen(ctx, addr, opts...)
 }
 
-// Run dials addr over rdmagrpc and runs cases in order, writing "PASS
-// name" after each, then "PROVIDER p" for each connection the client made
-// (p as Stats reports it: tcp when it fell back). grpc-go's case code
-// ends the process on a failure, as its own interop client does; the last
-// line written names the case.
-func Run(ctx context.Context, addr string, cases []Case, out io.Writer, opts ...conn.Option) error {
+// Recorder is a listener that remembers the rdmagrpc connections it
+// accepted, so that a server can say what they ran on.
+type Recorder struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []*conn.Conn
+}
+
+// Record wraps l.
+func Record(l net.Listener) *Recorder { return &Recorder{Listener: l} }
+
+// Accept is l's, remembering an rdmagrpc connection.
+func (r *Recorder) Accept() (net.Conn, error) {
+	nc, err := r.Listener.Accept()
+	if c, ok := nc.(*conn.Conn); ok {
+		r.mu.Lock()
+		r.conns = append(r.conns, c)
+		r.mu.Unlock()
+	}
+	return nc, err
+}
+
+// Report writes "SERVED p (reason)" for each accepted connection, p as
+// Stats reports it.
+func (r *Recorder) Report(out io.Writer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		s := c.Stats()
+		fmt.Fprintf(out, "SERVED %s (%s)\n", s.Provider, s.ProviderReason)
+	}
+}
+
+// Run dials addr over rdmagrpc with creds (nil: plaintext) and runs cases
+// in order, writing "PASS name" after each, then "PROVIDER p" for each
+// connection the client made (p as Stats reports it: tcp when it fell
+// back). grpc-go's case code ends the process on a failure, as its own
+// interop client does; the last line written names the case.
+func Run(ctx context.Context, addr string, cases []Case, out io.Writer, creds credentials.TransportCredentials, opts ...conn.Option) error {
 	var mu sync.Mutex
 	var conns []*conn.Conn
 	dial := conn.Dialer(opts...)
-	err := run(ctx, addr, cases, out, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+	err := run(ctx, addr, cases, out, creds, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
 		nc, err := dial(ctx, a)
 		if c, ok := nc.(*conn.Conn); ok {
 			mu.Lock()
@@ -170,13 +205,15 @@ func Run(ctx context.Context, addr string, cases []Case, out io.Writer, opts ...
 
 // RunTCP is Run with grpc-go's own TCP dialer: a client that has not
 // adopted rdmagrpc.
-func RunTCP(ctx context.Context, addr string, cases []Case, out io.Writer) error {
-	return run(ctx, addr, cases, out)
+func RunTCP(ctx context.Context, addr string, cases []Case, out io.Writer, creds credentials.TransportCredentials) error {
+	return run(ctx, addr, cases, out, creds)
 }
 
-func run(ctx context.Context, addr string, cases []Case, out io.Writer, opts ...grpc.DialOption) error {
-	cc, err := grpc.NewClient("passthrough:///"+addr,
-		append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+func run(ctx context.Context, addr string, cases []Case, out io.Writer, creds credentials.TransportCredentials, opts ...grpc.DialOption) error {
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, append(opts, grpc.WithTransportCredentials(creds))...)
 	if err != nil {
 		return fmt.Errorf("interop: client for %s: %w", addr, err)
 	}

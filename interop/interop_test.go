@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
 	"github.com/rdmagrpc/rdmagrpc/conn"
 	"github.com/rdmagrpc/rdmagrpc/interop"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
@@ -43,60 +46,104 @@ func listenAddr() string {
 // that has not adopted rdmagrpc.
 const envTCP = "RDMAGRPC_INTEROP_TCP"
 
-// server serves until its stdin closes, after printing its address.
+// envTLS is "tls" or "mtls" for a child that uses the certificates in
+// the directory envPKI names, empty for plaintext.
+const envTLS, envPKI = "RDMAGRPC_INTEROP_TLS", "RDMAGRPC_INTEROP_PKI"
+
+func creds(server bool) (credentials.TransportCredentials, error) {
+	mode := os.Getenv(envTLS)
+	if mode == "" {
+		return nil, nil
+	}
+	p := interop.PKI{Dir: os.Getenv(envPKI)}
+	if server {
+		return p.ServerCreds(mode == "mtls")
+	}
+	return p.ClientCreds(mode == "mtls")
+}
+
+// server serves until its stdin closes, after printing its address; then
+// it prints what each accepted connection ran on.
 func server() int {
 	listen := func() (net.Listener, error) { return interop.Listen(context.Background(), listenAddr()) }
 	if os.Getenv(envTCP) != "" {
 		listen = func() (net.Listener, error) { return net.Listen("tcp", listenAddr()) }
+	}
+	cr, err := creds(true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	l, err := listen()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	s := interop.NewServer()
-	go s.Serve(l)
+	rec := interop.Record(l)
+	var opts []grpc.ServerOption
+	if cr != nil {
+		opts = append(opts, grpc.Creds(cr))
+	}
+	s := interop.NewServer(opts...)
+	go s.Serve(rec)
 	fmt.Println(l.Addr())
 	bufio.NewReader(os.Stdin).ReadString('\n')
 	s.GracefulStop()
+	rec.Report(os.Stdout)
 	return 0
 }
 
 func client(addr string) int {
+	cr, err := creds(false)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	run := interop.Run
 	if os.Getenv(envTCP) != "" {
-		run = func(ctx context.Context, addr string, cases []interop.Case, out io.Writer, _ ...conn.Option) error {
-			return interop.RunTCP(ctx, addr, cases, out)
+		run = func(ctx context.Context, addr string, cases []interop.Case, out io.Writer, cr credentials.TransportCredentials, _ ...conn.Option) error {
+			return interop.RunTCP(ctx, addr, cases, out, cr)
 		}
 	}
-	if err := run(context.Background(), addr, interop.Cases, os.Stdout); err != nil {
+	if err := run(context.Background(), addr, interop.Cases, os.Stdout, cr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 0
 }
 
-// Every applicable interop case, server and client in two processes:
-// rdmagrpc at both ends (over RDMA), a plain grpc-go client over TCP to an
+// Every applicable interop case, server and client in two processes, in
+// plaintext, with TLS and with mutual TLS: rdmagrpc at both ends (over
+// RDMA, on the server's side too), a plain grpc-go client over TCP to an
 // rdmagrpc server (one address serves both), and an rdmagrpc client to a
-// plain grpc-go server (it falls back to TCP).
+// plain grpc-go server (it falls back to TCP, with no time-out).
 func TestInteropTwoProcesses(t *testing.T) {
-	for _, tc := range []struct {
-		name                 string
-		tcpServer, tcpClient bool
-		provider             string // what the rdmagrpc client's connections report; "" for a TCP client
-	}{
-		{"rdmagrpc-both", false, false, "rdma"},
-		{"tcp-client-to-rdmagrpc-server", false, true, ""},
-		{"rdmagrpc-client-to-tcp-server", true, false, "tcp"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			interopPair(t, tc.tcpServer, tc.tcpClient, tc.provider)
-		})
+	pki, err := interop.NewPKI(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sec := range []string{"plaintext", "tls", "mtls"} {
+		for _, tc := range []struct {
+			name                 string
+			tcpServer, tcpClient bool
+			provider             string // what the rdmagrpc ends' connections report; "" for a plain end
+		}{
+			{"rdmagrpc-both", false, false, "rdma"},
+			{"tcp-client-to-rdmagrpc-server", false, true, ""},
+			{"rdmagrpc-client-to-tcp-server", true, false, "tcp"},
+		} {
+			t.Run(sec+"/"+tc.name, func(t *testing.T) {
+				mode := sec
+				if sec == "plaintext" {
+					mode = ""
+				}
+				interopPair(t, tc.tcpServer, tc.tcpClient, tc.provider, envTLS+"="+mode, envPKI+"="+pki.Dir)
+			})
+		}
 	}
 }
 
-func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
+func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string, env ...string) {
 	flag := func(on bool) string {
 		if on {
 			return envTCP + "=1"
@@ -104,7 +151,7 @@ func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
 		return envTCP + "="
 	}
 	srv := exec.Command(os.Args[0], "-test.run=^$")
-	srv.Env = append(os.Environ(), envRole+"=server", flag(tcpServer))
+	srv.Env = append(append(os.Environ(), env...), envRole+"=server", flag(tcpServer))
 	stdin, err := srv.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +165,8 @@ func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
 		t.Fatal(err)
 	}
 	defer srv.Process.Kill()
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	srvOut := bufio.NewReader(stdout)
+	addr, err := srvOut.ReadString('\n')
 	if err != nil {
 		t.Fatalf("server address: %v", err)
 	}
@@ -127,18 +175,17 @@ func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cli := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cli.Env = append(os.Environ(), envRole+"=client", "RDMAGRPC_INTEROP_ADDR="+addr, flag(tcpClient))
+	cli.Env = append(append(os.Environ(), env...), envRole+"=client", "RDMAGRPC_INTEROP_ADDR="+addr, flag(tcpClient))
+	start := time.Now()
 	out, err := cli.CombinedOutput()
+	took := time.Since(start)
 	passed := map[string]bool{}
-	var providers []string
 	for line := range strings.Lines(string(out)) {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == "PASS" {
 			passed[f[1]] = true
 		}
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "PROVIDER" {
-			providers = append(providers, f[1])
-		}
 	}
+	providers := fields(string(out), "PROVIDER")
 	switch {
 	case provider == "" && len(providers) != 0:
 		t.Errorf("a plain TCP client reported rdmagrpc connections %v", providers)
@@ -158,11 +205,36 @@ func interopPair(t *testing.T, tcpServer, tcpClient bool, provider string) {
 	if err != nil || t.Failed() {
 		t.Fatalf("client: %v\n%s", err, out)
 	}
-	t.Logf("%d of %d interop cases passed across two processes, client connections over %v:\n%s", len(passed), len(interop.Cases), providers, out)
 	stdin.Close()
+	rest, _ := io.ReadAll(srvOut)
 	if err := srv.Wait(); err != nil {
 		t.Fatalf("server: %v", err)
 	}
+	served := fields(string(rest), "SERVED")
+	if provider == "rdma" {
+		if len(served) == 0 {
+			t.Errorf("the rdmagrpc server reported no connection")
+		}
+		for _, p := range served {
+			if p == "tcp" {
+				t.Errorf("the server served a connection over tcp, want RDMA:\n%s", rest)
+			}
+		}
+	}
+	t.Logf("%d of %d interop cases passed across two processes in %v, client connections over %v, server's over %v",
+		len(passed), len(interop.Cases), took.Round(time.Millisecond), providers, served)
+}
+
+// fields returns the second field of each line of out that starts with
+// key.
+func fields(out, key string) []string {
+	var v []string
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == key {
+			v = append(v, f[1])
+		}
+	}
+	return v
 }
 
 // TestMixedFleetPair runs in the two-guest mode of tests/rxe
@@ -235,9 +307,9 @@ func TestMixedFleetPair(t *testing.T) {
 		var out strings.Builder
 		w := io.MultiWriter(&out, os.Stdout)
 		if c.tcpClient {
-			err = interop.RunTCP(ctx, addr, interop.Cases, w)
+			err = interop.RunTCP(ctx, addr, interop.Cases, w, nil)
 		} else {
-			err = interop.Run(ctx, addr, interop.Cases, w)
+			err = interop.Run(ctx, addr, interop.Cases, w, nil)
 		}
 		if err != nil {
 			t.Fatalf("%s: %v", addr, err)
