@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -111,7 +112,7 @@ type Conn struct {
 	id        uint64
 	tcp       *tcpSide     // set: a connection over TCP (tcp.go), nothing below is used
 	rpcs      rpcTrack     // the RPCs on it, for StatsHandler (rpcstats.go)
-	alias     net.Addr     // liveConns: another key for it (trackAs)
+	ends      *ends        // RDMA: its addresses, set at start
 	lastWrite atomic.Int64 // UnixNano of the end of the last Write: idle shrink (shrink.go)
 	opened    atomic.Bool  // start succeeded: release reports the close to the marker
 	// closedFast mirrors closed for the calls that must fail at once
@@ -318,7 +319,7 @@ func (c *Conn) hello() hello {
 // start starts the completion loop (the provider posted the receives),
 // before anyone else has the Conn.
 func (c *Conn) start(qp transport.QP, peer hello) error {
-	c.qp = qp
+	c.setQP(qp)
 	c.track()
 	c.mu.Lock()
 	c.openLocked(peer)
@@ -1062,18 +1063,62 @@ func (c *Conn) release() {
 	}
 }
 
+// setQP makes qp the connection's, and its addresses c's: once, so that
+// an early dial's Conn keeps the values grpc-go took at its return.
+func (c *Conn) setQP(qp transport.QP) {
+	c.qp = qp
+	if c.ends == nil {
+		c.ends = &ends{local: tcpAddr(qp.LocalAddr()), remote: tcpAddr(qp.RemoteAddr())}
+	}
+}
+
+// ends are an RDMA connection's addresses as grpc-go and its users read
+// them, and the other key it is found by (trackAs).
+type ends struct {
+	local, remote net.Addr
+	alias         net.Addr
+}
+
+// tcpAddr is a provider's address as a *net.TCPAddr: the IP, and the port
+// in the provider's port space (RDMA CM's TCP port space on verbs; shm
+// numbers its ends the same way). grpc-go's channelz, xDS filter chains,
+// local credentials and IP-based authorization read a connection's
+// addresses as TCP ones; the provider is on Stats (StatsFromContext).
+func tcpAddr(a net.Addr) net.Addr {
+	if a == nil {
+		return nil
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	if err != nil {
+		return a
+	}
+	return net.TCPAddrFromAddrPort(ap)
+}
+
+// LocalAddr is the address of this end: over TCP, the TCP connection's;
+// over RDMA, a *net.TCPAddr with the IP of this end and its port in the
+// provider's port space. A dial that was upgraded after its TCP
+// connection opened keeps that connection's addresses.
 func (c *Conn) LocalAddr() net.Addr {
 	if c.tcp != nil {
 		return c.tcp.nc.LocalAddr()
 	}
-	return c.qp.LocalAddr()
+	if c.ends == nil { // never connected
+		return nil
+	}
+	return c.ends.local
 }
 
+// RemoteAddr is the address of the peer's end, as LocalAddr is this
+// end's.
 func (c *Conn) RemoteAddr() net.Addr {
 	if c.tcp != nil {
 		return c.tcp.nc.RemoteAddr()
 	}
-	return c.qp.RemoteAddr()
+	if c.ends == nil {
+		return nil
+	}
+	return c.ends.remote
 }
 
 func (c *Conn) SetDeadline(t time.Time) error {

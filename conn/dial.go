@@ -108,7 +108,7 @@ func dialRDMA(ctx context.Context, addr string, o *options, name string, early *
 			c.release()
 			return nil, &net.OpError{Op: "dial", Net: "rdma", Err: err}
 		}
-		c.qp = qp
+		c.setQP(qp)
 		c.track() // RPCs may start before it opens (rpcstats.go)
 		c.wg.Add(1)
 		go c.establish(context.WithoutCancel(ctx), qp, early, forget)

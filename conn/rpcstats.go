@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
@@ -259,7 +260,7 @@ func (c *Conn) trackAs(a net.Addr) {
 		return
 	}
 	liveConns.Lock()
-	c.alias = a
+	c.ends.alias = a
 	liveConns.m[a] = c
 	liveConns.Unlock()
 }
@@ -267,7 +268,11 @@ func (c *Conn) trackAs(a net.Addr) {
 func (c *Conn) untrack() {
 	liveConns.Lock()
 	defer liveConns.Unlock()
-	for _, a := range [...]net.Addr{c.RemoteAddr(), c.alias} {
+	var alias net.Addr
+	if c.ends != nil {
+		alias = c.ends.alias
+	}
+	for _, a := range [...]net.Addr{c.RemoteAddr(), alias} {
 		if byIdentity(a) && liveConns.m[a] == c {
 			delete(liveConns.m, a)
 		}
@@ -281,4 +286,31 @@ func lookupConn(a net.Addr) *Conn {
 	liveConns.Lock()
 	defer liveConns.Unlock()
 	return liveConns.m[a]
+}
+
+// StatsFromContext returns the Stats of the rdmagrpc connection an RPC
+// runs on, from a gRPC server handler's or interceptor's context (its
+// peer.Peer); false when the RPC is not on an open rdmagrpc connection
+// (a listener that is not conn's, or the connection closed since).
+// Stats.Provider says what carries the RPC's bytes: grpc-go shows every
+// rdmagrpc connection's addresses as TCP ones (see Conn.RemoteAddr).
+func StatsFromContext(ctx context.Context) (Stats, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return Stats{}, false
+	}
+	return StatsFromPeer(p)
+}
+
+// StatsFromPeer is StatsFromContext for a peer.Peer, as a client gets it
+// with the grpc.Peer call option.
+func StatsFromPeer(p *peer.Peer) (Stats, bool) {
+	if p == nil {
+		return Stats{}, false
+	}
+	c := lookupConn(p.Addr)
+	if c == nil {
+		return Stats{}, false
+	}
+	return c.Stats(), true
 }
