@@ -12,6 +12,7 @@ import (
 	channelzsvc "google.golang.org/grpc/channelz/service"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials/local"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
@@ -86,6 +87,8 @@ func TestIntrospection(t *testing.T) {
 	}{
 		{"plaintext", insecure.NewCredentials(), insecure.NewCredentials()},
 		{"tls", sCreds, cCreds},
+		// grpc-go's local credentials admit loopback TCP addresses.
+		{"local", local.NewCredentials(), local.NewCredentials()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, err := Listen(context.Background(), "127.0.0.1:0")
