@@ -46,7 +46,7 @@ func TestAcceptBacklog(t *testing.T) {
 			t.Fatal("a dial beyond the backlog succeeded")
 		}
 	}
-	if !errors.Is(err, errBacklogFull) {
+	if !errors.Is(err, ErrBacklogFull) {
 		t.Fatalf("dial beyond the backlog: %v, want it to say the backlog is full", err)
 	}
 	if d := time.Since(start); d > time.Second {

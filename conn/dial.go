@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -56,11 +58,46 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 }
 
 func dialWith(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
+	var c net.Conn
+	var err error
 	if o.noTCP {
-		return dialRDMA(ctx, addr, o, name, nil, nil)
+		c, err = dialRDMA(ctx, addr, o, name, nil, nil)
+	} else {
+		c, err = dialNegotiated(ctx, addr, o, name)
 	}
-	return dialNegotiated(ctx, addr, o, name)
+	if err != nil {
+		return nil, timedOut(ctx, err)
+	}
+	return c, nil
 }
+
+// timedOut makes err, a dial's failure, pass both tests that callers of
+// net.Dialer use for a dial its context's deadline cut short:
+// errors.Is(err, context.DeadlineExceeded) and net.Error's Timeout.
+// net.Dialer itself passes one or the other, depending on whether the
+// socket's deadline or the context's timer fired first; a failure in the
+// negotiation passed neither reliably.
+func timedOut(ctx context.Context, err error) error {
+	dl, ok := ctx.Deadline()
+	if !ok || time.Now().Before(dl) || !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if oe, ok := err.(*net.OpError); ok {
+		if _, done := oe.Err.(*deadlineError); !done {
+			oe.Err = &deadlineError{oe.Err}
+		}
+		return oe
+	}
+	return &deadlineError{err}
+}
+
+// deadlineError is a dial's failure that its deadline caused.
+type deadlineError struct{ err error }
+
+func (e *deadlineError) Error() string   { return e.err.Error() }
+func (e *deadlineError) Unwrap() []error { return []error{e.err, context.DeadlineExceeded} }
+func (e *deadlineError) Timeout() bool   { return true }
+func (e *deadlineError) Temporary() bool { return true }
 
 // dialRDMA sets up an RDMA connection with the listener at addr. early,
 // if not nil: return once the request is sent, where the provider can and
@@ -142,7 +179,7 @@ func rejected(err error) error {
 		return err
 	}
 	if isBacklogFull(rej.Private) {
-		return fmt.Errorf("%w: %w", errBacklogFull, err)
+		return fmt.Errorf("%w: %w", ErrBacklogFull, err)
 	}
 	if why, ok := bytes.CutPrefix(rej.Private, shm.PeerRefusedMagic); ok {
 		return fmt.Errorf("%w (%s): %w", ErrPeerRefused, bytes.TrimRight(why, "\x00"), err)
@@ -295,7 +332,7 @@ func (l *Listener) admit(req transport.ConnRequest) bool {
 		// Full: refuse now, so the dialer learns it at once rather
 		// than at its time-out, and nothing is set up for it.
 		req.Reject(backlogFullMagic)
-		l.refused(req, errBacklogFull)
+		l.refused(req, ErrBacklogFull)
 		return false
 	}
 }
@@ -404,8 +441,10 @@ var ErrPeerRefused = errors.New("conn: the listener refused this process")
 // sent to it.
 var ErrListenerRefused = transport.ErrListenerRefused
 
-// errBacklogFull is what a dial refused by a full accept backlog wraps.
-var errBacklogFull = errors.New("conn: the listener's accept backlog is full (it accepts more slowly than it is dialed)")
+// ErrBacklogFull is what a dial refused by a full accept backlog wraps
+// (WithBacklog): the listener accepts more slowly than it is dialed. A
+// later dial may succeed.
+var ErrBacklogFull = errors.New("conn: the listener's accept backlog is full (it accepts more slowly than it is dialed)")
 
 // A refusal for a full backlog carries this reason in its private data.
 var backlogFullMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'b', 'l', 'o', 'g'}

@@ -80,14 +80,14 @@ func TestKnownServerDialReturnsBeforeTheAnswer(t *testing.T) {
 		}
 	}()
 	_, err = nc.Write([]byte("x"))
-	if !errors.Is(err, errBacklogFull) {
+	if !errors.Is(err, ErrBacklogFull) {
 		t.Fatalf("write to a listener that refused: %v, want the backlog full", err)
 	}
 	var rej *transport.RejectError
 	if !errors.As(err, &rej) {
 		t.Errorf("the refusal is not a transport.RejectError: %v", err)
 	}
-	if err := nc.(*Conn).Handshake(t.Context()); !errors.Is(err, errBacklogFull) {
+	if err := nc.(*Conn).Handshake(t.Context()); !errors.Is(err, ErrBacklogFull) {
 		t.Errorf("handshake after the refusal: %v", err)
 	}
 	if _, ok := lookupServer(addr, "shm"); ok {

@@ -427,7 +427,7 @@ func (e *dialError) Temporary() bool { return false }
 // refusal.
 func listenerAnswered(err error) bool {
 	var rej *transport.RejectError
-	return errors.As(err, &rej) || errors.Is(err, ErrPeerRefused) || errors.Is(err, ErrListenerRefused) || errors.Is(err, errBacklogFull)
+	return errors.As(err, &rej) || errors.Is(err, ErrPeerRefused) || errors.Is(err, ErrListenerRefused) || errors.Is(err, ErrBacklogFull)
 }
 
 // verdict is what a negotiation found: an upgraded connection, or the
