@@ -26,6 +26,7 @@ func TestSmoke(t *testing.T) {
 		Concurrency: []int{1, 4},
 		QPSSize:     64,
 		StreamSize:  64 << 10,
+		StreamSizes: []int{64 << 10},
 		RawSizes:    []int{256 << 10},
 		Idle:        []int{3},
 		Fleet:       4,

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -25,9 +27,10 @@ var zeros = make([]byte, maxMsg)
 func body(n int) []byte { return zeros[:n:n] }
 
 // service is grpc-go's BenchmarkService (interop/grpc_testing) with the
-// two methods measured: UnaryCall answers ResponseSize bytes;
+// methods measured: UnaryCall answers ResponseSize bytes;
 // StreamingFromServer sends ResponseSize-byte messages until the client
-// goes away.
+// goes away; StreamingFromClient reads to the client's end and answers
+// once, empty; StreamingCall echoes each message.
 type service struct {
 	testgrpc.UnimplementedBenchmarkServiceServer
 }
@@ -40,6 +43,32 @@ func (service) StreamingFromServer(in *testgrpc.SimpleRequest, s grpc.ServerStre
 	resp := &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: body(int(in.ResponseSize))}}
 	for {
 		if err := s.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+func (service) StreamingFromClient(s grpc.ClientStreamingServer[testgrpc.SimpleRequest, testgrpc.SimpleResponse]) error {
+	for {
+		if _, err := s.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return s.SendAndClose(&testgrpc.SimpleResponse{})
+			}
+			return err
+		}
+	}
+}
+
+func (service) StreamingCall(s grpc.BidiStreamingServer[testgrpc.SimpleRequest, testgrpc.SimpleResponse]) error {
+	for {
+		in, err := s.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if err := s.Send(&testgrpc.SimpleResponse{Payload: in.GetPayload()}); err != nil {
 			return err
 		}
 	}
@@ -176,6 +205,120 @@ func (r *rig) streamBytes(ctx context.Context, size int, d time.Duration) (float
 		bytes += len(m.GetPayload().GetBody())
 	}
 	return float64(bytes) / time.Since(start).Seconds(), bytes, nil
+}
+
+// Stream directions measured: the server streams to the client, the
+// client to the server, or the server echoes what the client streams.
+const (
+	fromServer = "server"
+	fromClient = "client"
+	duplex     = "duplex"
+)
+
+var directions = []string{fromServer, fromClient, duplex}
+
+// streamDir moves size-byte messages in direction dir for d (at least two
+// messages) and returns the bytes per second and the bytes delivered: to
+// the client for fromServer and duplex (echoed, so each byte crossed
+// twice), to the server for fromClient, counted once the server said it
+// read them all.
+func (r *rig) streamDir(ctx context.Context, dir string, size int, d time.Duration) (float64, int, error) {
+	switch dir {
+	case fromServer:
+		return r.streamBytes(ctx, size, d)
+	case fromClient:
+		return r.clientStream(ctx, size, d)
+	default:
+		return r.echoStream(ctx, size, d)
+	}
+}
+
+func (r *rig) clientStream(ctx context.Context, size int, d time.Duration) (float64, int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := r.tc.StreamingFromClient(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: client stream: %w", r.t.name, err)
+	}
+	req := &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: body(size)}}
+	var bytes int
+	start := time.Now()
+	for bytes < 2*size || time.Since(start) < d {
+		if err := s.Send(req); err != nil {
+			return 0, 0, fmt.Errorf("%s: client stream: %w", r.t.name, err)
+		}
+		bytes += size
+	}
+	if _, err := s.CloseAndRecv(); err != nil {
+		return 0, 0, fmt.Errorf("%s: client stream: %w", r.t.name, err)
+	}
+	return float64(bytes) / time.Since(start).Seconds(), bytes, nil
+}
+
+// echoStream sends from one goroutine and receives the echoes on this
+// one, with at most echoWindow messages in flight: pipelined, as a duplex
+// stream runs, without letting grpc-go's buffers grow without bound.
+func (r *rig) echoStream(ctx context.Context, size int, d time.Duration) (float64, int, error) {
+	const echoWindow = 4
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := r.tc.StreamingCall(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s: duplex stream: %w", r.t.name, err)
+	}
+	req := &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: body(size)}}
+	credit := make(chan struct{}, echoWindow)
+	for range echoWindow {
+		credit <- struct{}{}
+	}
+	stop := make(chan struct{})
+	sendErr := make(chan error, 1)
+	go func() {
+		defer close(sendErr)
+		for {
+			select {
+			case <-stop:
+				sendErr <- s.CloseSend()
+				return
+			case <-ctx.Done():
+				return
+			case <-credit:
+			}
+			if err := s.Send(req); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+	}()
+	var bytes int
+	start := time.Now()
+	for bytes < 2*size || time.Since(start) < d {
+		m, err := s.Recv()
+		if err != nil {
+			cancel()
+			return 0, 0, fmt.Errorf("%s: duplex stream: %w", r.t.name, err)
+		}
+		bytes += len(m.GetPayload().GetBody())
+		credit <- struct{}{}
+	}
+	el := time.Since(start)
+	close(stop)
+	for {
+		if _, err := s.Recv(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				return 0, 0, fmt.Errorf("%s: duplex stream's end: %w", r.t.name, err)
+			}
+			break
+		}
+		select {
+		case credit <- struct{}{}:
+		default:
+		}
+	}
+	if err := <-sendErr; err != nil {
+		return 0, 0, fmt.Errorf("%s: duplex stream: %w", r.t.name, err)
+	}
+	return float64(bytes) / el.Seconds(), bytes, nil
 }
 
 // cpuTime is the user+sys CPU time of the process so far.

@@ -18,7 +18,8 @@ type Config struct {
 	Sizes       []int         // unary request and response sizes (each way)
 	Concurrency []int         // concurrent callers for QPS
 	QPSSize     int           // unary size of the QPS runs
-	StreamSize  int           // server-streamed message size
+	StreamSize  int           // server-streamed message size (one-process table, steady state)
+	StreamSizes []int         // message sizes of every stream direction, two processes
 	RawSizes    []int         // raw net.Conn write sizes
 	Idle        []int         // idle connection counts
 	Fleet       int           // fleet connections (0: no fleet figure)
@@ -46,6 +47,7 @@ func DefaultConfig() Config {
 		Concurrency: []int{1, 8, 64},
 		QPSSize:     64,
 		StreamSize:  1 << 20,
+		StreamSizes: []int{64 << 10, 1 << 20, 4 << 20},
 		RawSizes:    []int{32 << 10, 1 << 20, 16 << 20},
 		Idle:        []int{1000, 10000},
 		Fleet:       1000,
@@ -98,6 +100,18 @@ func rowP99(size int) string { return "unary " + sizeName(size) + " p99" }
 func rowQPS(c int) string    { return fmt.Sprintf("QPS c=%d", c) }
 func rowCPU(c int) string    { return fmt.Sprintf("CPU/RPC c=%d", c) }
 func rowStream(n int) string { return "stream " + sizeName(n) }
+
+// rowStreamDir names a stream direction's figure; the server's keeps
+// rowStream's name.
+func rowStreamDir(dir string, n int) string {
+	switch dir {
+	case fromClient:
+		return "client stream " + sizeName(n)
+	case duplex:
+		return "duplex echo " + sizeName(n)
+	}
+	return rowStream(n)
+}
 func rowRaw(size int) string { return "raw " + sizeName(size) }
 func rowEnlarge() string     { return "enlargement p50" }
 func rowEnlargeMax() string  { return "enlargement max" }

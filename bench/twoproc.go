@@ -145,9 +145,11 @@ func (s *server) cpu() (time.Duration, error) {
 
 // Rows of the two-process table (the prefix keeps them apart from the
 // one-process figures).
-func row2(s string) string            { return "2p " + s }
-func rowSrvCPU(c int) string          { return row2(fmt.Sprintf("server CPU/RPC c=%d", c)) }
-func rowStreamCPU(side string) string { return row2("stream CPU/MB " + side) }
+func row2(s string) string   { return "2p " + s }
+func rowSrvCPU(c int) string { return row2(fmt.Sprintf("server CPU/RPC c=%d", c)) }
+func rowStreamCPU(dir string, size int, side string) string {
+	return row2(rowStreamDir(dir, size) + " CPU/MB " + side)
+}
 func rowRawCPU(size int, side string) string {
 	return row2("raw " + sizeName(size) + " CPU/MB " + side)
 }
@@ -210,23 +212,28 @@ func (rep *Report) twoProcess(ctx context.Context, t network) error {
 			calls := q * d.Seconds()
 			rep.add(rowSrvCPU(c), t.name, (s1-s0).Seconds()/max(calls, 1))
 		}
-		c0, s0 := cpuTime(), time.Duration(0)
-		if s0, err = s.cpu(); err != nil {
-			return err
+		for _, dir := range directions {
+			for _, size := range cfg.StreamSizes {
+				c0 := cpuTime()
+				s0, err := s.cpu()
+				if err != nil {
+					return err
+				}
+				bps, n, err := r.streamDir(ctx, dir, size, d)
+				if err != nil {
+					return err
+				}
+				c1 := cpuTime()
+				s1, err := s.cpu()
+				if err != nil {
+					return err
+				}
+				mb := float64(n) / 1e6
+				rep.add(row2(rowStreamDir(dir, size)), t.name, bps)
+				rep.add(rowStreamCPU(dir, size, "client"), t.name, (c1-c0).Seconds()/mb)
+				rep.add(rowStreamCPU(dir, size, "server"), t.name, (s1-s0).Seconds()/mb)
+			}
 		}
-		bps, n, err := r.streamBytes(ctx, cfg.StreamSize, d)
-		if err != nil {
-			return err
-		}
-		c1 := cpuTime()
-		s1, err := s.cpu()
-		if err != nil {
-			return err
-		}
-		mb := float64(n) / 1e6
-		rep.add(row2(rowStream(cfg.StreamSize)), t.name, bps)
-		rep.add(rowStreamCPU("client"), t.name, (c1-c0).Seconds()/mb)
-		rep.add(rowStreamCPU("server"), t.name, (s1-s0).Seconds()/mb)
 		if t.name == RDMA {
 			if err := rep.statsHandlerCost(ctx, t, s.grpc); err != nil {
 				return err
@@ -326,11 +333,17 @@ func (rep *Report) ceiling(ctx context.Context, t network) error {
 		rep.add(row2(rowQPS(c)), t.name, q)
 		rep.add(row2(rowCPU(c)), t.name, cpu.Seconds()) // both ends
 	}
-	bps, err := r.stream(ctx, cfg.StreamSize, d)
-	if err != nil {
-		return err
+	for _, dir := range directions {
+		for _, size := range cfg.StreamSizes {
+			c0 := cpuTime()
+			bps, n, err := r.streamDir(ctx, dir, size, d)
+			if err != nil {
+				return err
+			}
+			rep.add(row2(rowStreamDir(dir, size)), t.name, bps)
+			rep.add(rowStreamCPU(dir, size, "client"), t.name, (cpuTime()-c0).Seconds()/(float64(n)/1e6)) // both ends
+		}
 	}
-	rep.add(row2(rowStream(cfg.StreamSize)), t.name, bps)
 	return nil
 }
 
@@ -365,9 +378,6 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		rows = append(rows, row{row2(rowCPU(n)), rowCPU(n) + ", client (bufconn: both ends)", seconds},
 			row{rowSrvCPU(n), rowCPU(n) + ", server", seconds})
 	}
-	rows = append(rows, row{row2(rowStream(c.StreamSize)), rowStream(c.StreamSize) + " (server streaming)", bytesPerSec},
-		row{rowStreamCPU("client"), "stream CPU per MB, client", seconds},
-		row{rowStreamCPU("server"), "stream CPU per MB, server", seconds})
 	for _, x := range rows {
 		tcp, tv := r.cell(x.name, TCP, x.u)
 		ux, _ := r.cell(x.name, Unix, x.u)
@@ -375,6 +385,8 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		bc, bv := r.cell(x.name, Bufconn, x.u)
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", x.label, tcp, ux, rm, bc, ratio(rv, tv), ratio(rv, bv))
 	}
+
+	r.streamsMarkdown(w, rd)
 
 	fmt.Fprintf(w, "\nOpening a connection to a server in a child process (medians): the transport's dial (rdmagrpc: to a listener it negotiated with before, RDMA directly; "+
 		"it returns once its request is queued for the listener, as a TCP dial does once the kernel queued the connection, and its answer is timed apart), "+
@@ -436,6 +448,53 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sizeName(s), m, tcp, ux, rv, rg, ratio(gv, tv), wt, wr, rt, rr)
 	}
 	fmt.Fprintln(w)
+}
+
+// streamsMarkdown writes the stream directions against bufconn's ceiling
+// of the same direction, with CPU per MB of each process (bufconn: the
+// one process, both ends).
+func (r *Report) streamsMarkdown(w io.Writer, rd string) {
+	c := &r.Config
+	if len(c.StreamSizes) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nStreams, server in a child process: the server streams to the client, the client to the server (counted once the server read it all), "+
+		"or the server echoes what the client streams with 4 messages in flight (MB/s echoed: each byte crosses twice); "+
+		"CPU µs per MB moved, client + server (bufconn: its one process):\n\n")
+	fmt.Fprintf(w, "| figure | TCP loopback | unix socket | %s | bufconn (ceiling) | rdmagrpc / TCP | rdmagrpc / ceiling | CPU/MB TCP | CPU/MB %s | CPU/MB ceiling | CPU rdmagrpc / ceiling |\n", rd, rd)
+	fmt.Fprintf(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	cpu := func(dir string, size int, col string) (float64, bool) {
+		cl, ok := r.Median(rowStreamCPU(dir, size, "client"), col)
+		if !ok {
+			return 0, false
+		}
+		sv, _ := r.Median(rowStreamCPU(dir, size, "server"), col)
+		return cl + sv, true
+	}
+	for _, dir := range directions {
+		for _, size := range c.StreamSizes {
+			row := row2(rowStreamDir(dir, size))
+			tcp, tv := r.cell(row, TCP, bytesPerSec)
+			ux, _ := r.cell(row, Unix, bytesPerSec)
+			rm, rv := r.cell(row, RDMA, bytesPerSec)
+			bc, bv := r.cell(row, Bufconn, bytesPerSec)
+			ct, okT := cpu(dir, size, TCP)
+			cr, okR := cpu(dir, size, RDMA)
+			cb, okB := cpu(dir, size, Bufconn)
+			f := func(v float64, ok bool) string {
+				if !ok {
+					return "—"
+				}
+				return seconds.format(v)
+			}
+			cpuRatio := "—"
+			if okR && okB {
+				cpuRatio = ratio(cr, cb)
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", rowStreamDir(dir, size), tcp, ux, rm, bc,
+				ratio(rv, tv), ratio(rv, bv), f(ct, okT), f(cr, okR), f(cb, okB), cpuRatio)
+		}
+	}
 }
 
 // twoProcGoals judges the two-process figures against their goals.
@@ -501,6 +560,25 @@ func (r *Report) twoProcGoals() []Goal {
 			met = met && v >= 0.7*bc
 		}
 		gs = append(gs, Goal{"gRPC stream 1 MiB ≥ 1.5× TCP and ≥ 0.7× bufconn", got, met})
+	}
+	for _, dir := range directions {
+		for _, size := range []int{1 << 20, 4 << 20} {
+			row := row2(rowStreamDir(dir, size))
+			v, ok1 := r.Median(row, RDMA)
+			bc, ok2 := r.Median(row, Bufconn)
+			if !ok1 || !ok2 || bc == 0 {
+				continue
+			}
+			got, met := ratio(v, bc), v >= 0.8*bc
+			cr, ok3 := r.Median(rowStreamCPU(dir, size, "client"), RDMA)
+			sr, _ := r.Median(rowStreamCPU(dir, size, "server"), RDMA)
+			cb, ok4 := r.Median(rowStreamCPU(dir, size, "client"), Bufconn)
+			if ok3 && ok4 && cb > 0 {
+				got += ", CPU/MB " + ratio(cr+sr, cb)
+				met = met && cr+sr <= 1.3*cb
+			}
+			gs = append(gs, Goal{rowStreamDir(dir, size) + " ≥ 0.8× bufconn, CPU/MB ≤ 1.3× bufconn's", got, met})
+		}
 	}
 	for _, size := range []int{1 << 20, 256 << 10, 64} {
 		if x, s, ok := rat(row2(rowP50(size)), RDMA); ok {

@@ -40,6 +40,7 @@ func main() {
 	sizes := flag.String("sizes", ints(cfg.Sizes), "unary sizes, comma-separated")
 	conc := flag.String("conc", ints(cfg.Concurrency), "QPS concurrencies, comma-separated")
 	raw := flag.String("raw", ints(cfg.RawSizes), "raw net.Conn write sizes, comma-separated")
+	streams := flag.String("streams", ints(cfg.StreamSizes), "message sizes of the stream directions (server, client, duplex), comma-separated (empty: none)")
 	flag.IntVar(&cfg.Enlarge, "enlarge", cfg.Enlarge, "fresh connections enlarged per round")
 	out := flag.String("o", "", "also write the tables to this file")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (and of each server child to FILE.server.<transport>, its last round)")
@@ -81,6 +82,9 @@ func main() {
 	}
 	if cfg.RawSizes, err = parseInts(*raw); err != nil {
 		fatal(fmt.Errorf("-raw: %w", err))
+	}
+	if cfg.StreamSizes, err = parseInts(*streams); err != nil {
+		fatal(fmt.Errorf("-streams: %w", err))
 	}
 	cfg.Provider = *provider
 	cfg.Log = os.Stderr
