@@ -111,14 +111,16 @@ func WithoutTCP() Option { return func(o *options) { o.noTCP = true } }
 // WithoutFallback makes a dial that cannot have RDMA (a plain gRPC
 // server, a server without an RDMA device or with another provider, an
 // upgrade that failed) fail with an error wrapping ErrNoRDMA, instead of
-// carrying on over TCP.
+// carrying on over TCP. Such a dial waits for the negotiation's verdict
+// inside Dial, so that its error comes from Dial.
 func WithoutFallback() Option { return func(o *options) { o.noFallback = true } }
 
 // WithUpgradeTimeout bounds the RDMA dial a listener's offer starts
 // (default 2 s); past it the connection stays TCP. Only a peer whose RDMA
 // address is offered but unreachable (RoCE: a NIC the route does not
 // reach) waits that long, and only the first dial to it in 30 s: later
-// ones stay on TCP at once.
+// ones stay on TCP at once. The dial itself has returned by then; its
+// first read waits for the verdict.
 func WithUpgradeTimeout(d time.Duration) Option {
 	return func(o *options) { o.upgradeTimeout = max(d, time.Millisecond) }
 }
