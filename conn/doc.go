@@ -15,14 +15,15 @@
 // RDMA in band when both ends run rdmagrpc with the same provider, and
 // otherwise stays on TCP with no time-out on the way (Stats().Provider is
 // then "tcp"). Dial returns once TCP is connected; the outcome comes with
-// the first Read, Write or Stats, or from Conn.Handshake. WithoutTCP and
-// WithoutFallback turn either side of this off.
+// the first Read or Write, or from Conn.Handshake (Stats never waits: it
+// says ProviderNegotiating until then). WithoutTCP and WithoutFallback
+// turn either side of this off.
 //
 // Guarantees: each connection has its own protection domain, so a peer
 // reaches no other connection's memory; data is copied into and out of
 // registered memory, so no DMA touches a caller's slice after Read or
-// Write returned; every message has a credit, so none meets a receiver
-// that is not ready. A connection starts with small pre-registered
+// Write returned; a writer writes only into slots the reader gave it
+// credits for, so no message meets a receiver that is not ready. A connection starts with small pre-registered
 // buffers (8 KiB per side by default) and each direction moves to larger
 // ones when its writes need them, and back when idle, without losing or
 // reordering a byte. Registered memory is bounded by a budget (bufpool):
