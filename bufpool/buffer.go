@@ -98,8 +98,8 @@ func (b *Buffer) Release() {
 var errDiscarded = errors.New("bufpool: discard: buffer already released or discarded")
 
 // Discard deregisters and frees the buffer now instead of keeping it for
-// reuse: for memory a connection gives back for good (claim 18, the small
-// buffers after an enlargement).
+// reuse: for memory a connection gives back for good (the small buffers
+// after an enlargement, with conn.WithFreeSmallOnEnlarge).
 func (b *Buffer) Discard() error {
 	p := b.p
 	if b.done.Swap(true) {

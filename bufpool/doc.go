@@ -12,6 +12,6 @@
 // Every registered byte is charged to a Budget (one per process by
 // default), so that many connections cannot pin unbounded memory, and to
 // the owner (connection) holding it, exactly, so that per-connection
-// figures (M4: about 16 KB per idle connection instead of 256 KB) can be
+// figures (8 KiB per side of an idle connection) can be
 // measured rather than estimated.
 package bufpool

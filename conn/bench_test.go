@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Registered memory an idle connection holds, per side (M1). The goal is
+// Registered memory an idle connection holds, per side (the small phase). The goal is
 // ≤ 8 KiB; the patent reports 16 KB, rsockets registers 256 KiB.
 func BenchmarkIdleConnRegistered(b *testing.B) {
 	var bytes int64
@@ -77,7 +77,7 @@ func BenchmarkSmallRoundTrip(b *testing.B) {
 }
 
 // Raw stream throughput of 1 MiB and 16 MiB writes: rdmagrpc with
-// rendezvous (M5), rdmagrpc through the large ring only, and TCP over
+// rendezvous, rdmagrpc through the large ring only, and TCP over
 // loopback, in the same run. Reported as MB/s by -benchmem's SetBytes.
 func BenchmarkThroughput(b *testing.B) {
 	for _, size := range []int{1 << 20, 16 << 20} {

@@ -627,7 +627,7 @@ func (c *Conn) postCtlLocked(kind, ring, credits int) error {
 }
 
 // Write writes b. Above the threshold it first enlarges this direction
-// (M2, M3): the call blocks until the peer's acknowledgement, a refusal,
+// (an enlargement request and its acknowledgement): the call blocks until the peer's acknowledgement, a refusal,
 // or the acknowledgement time-out, honouring the write deadline.
 func (c *Conn) Write(b []byte) (int, error) {
 	if c.tcp != nil {
@@ -643,8 +643,8 @@ func (c *Conn) Write(b []byte) (int, error) {
 }
 
 // writeElem sends one buffer the way its size asks for: by rendezvous
-// above the rendezvous threshold (M5), through the large ring above the
-// threshold (M2–M4), else through the ring of the current phase.
+// above the rendezvous threshold, through the large ring above the
+// threshold (enlarging first), else through the ring of the current phase.
 func (c *Conn) writeElem(b []byte) (int, error) {
 	c.mu.Lock()
 	err := c.awaitOpenLocked(context.Background(), c.wdl)
@@ -770,12 +770,12 @@ func (c *Conn) write(b []byte) (int, error) {
 	}
 }
 
-// WriteBuffers is the vectored write of figure 5 (M2), checked element
+// WriteBuffers is the vectored write, checked element
 // by element: elements at or below the threshold go as they are; at the
 // first element above it the connection is enlarged, so a small prefix
 // goes through the small buffers and the rest, from the large element on,
 // after the enlargement. Elements above the rendezvous threshold go by
-// rendezvous (M5).
+// rendezvous.
 func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	if c.tcp != nil {
 		if r := c.tcp.upgraded(); r != nil {

@@ -59,7 +59,7 @@ const (
 var outcomeNames = [...]string{"", "enlarged", "refused by peer", "ack timed out", "local registration failed", "served", "refused",
 	"opened over RDMA", "opened over TCP", "closed", "shrunk", "shrink served", "parked", "park served"}
 
-// enlargement is the state of M3 on both sides of a connection.
+// enlargement is the state of the enlargement protocol on both sides of a connection.
 type enlargement struct {
 	// as sender of the data
 	phase    int
@@ -112,7 +112,8 @@ func enlargementMarker(connID uint64, fromSize, toSize uint32, durationNanos int
 	markerCalls.Add(1)
 }
 
-// enlarge moves the sending direction to large buffers (M3 sender side).
+// enlarge moves the sending direction to large buffers (the sender's
+// side of the enlargement protocol).
 // It returns an error only when the write cannot go on at all (deadline,
 // close, a dead connection); if enlargement cannot be had, the data goes
 // through the small buffers. c.wmu is held.
@@ -165,7 +166,7 @@ func (c *Conn) enlarge() error {
 		ack := *c.enl.ack
 		c.enl.ack = nil
 		c.enl.tel.Answered(true)
-		// M4: provision our large send buffers, then switch. A provider
+		// Provision our large send buffers, then switch. A provider
 		// that sends inline from the caller's memory (shm) needs none:
 		// its inline copy is the copy into the send buffer.
 		// Staging of what we asked for at most: the peer's ack sizes its
@@ -333,7 +334,7 @@ func (c *Conn) recordLocked(r record) error {
 	return nil
 }
 
-// serveEnlarge is the receiver side of M3, off the completion loop so
+// serveEnlarge is the receiver's side of the enlargement protocol, off the completion loop so
 // small traffic keeps flowing: it provisions large buffers for this
 // connection only and acknowledges with their address and key, or
 // refuses. Later requests (a retry after a lost ack) are answered with
@@ -450,7 +451,7 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 
 var markerCalls atomic.Uint64
 
-// maybeFreeSmallLocked is claim 18, with WithFreeSmallOnEnlarge: once the
+// maybeFreeSmallLocked frees the small ring, with WithFreeSmallOnEnlarge: once the
 // peer writes into our large ring it never writes into the small one again
 // (a reliable connection keeps order, so everything it wrote there has
 // landed), and once the reader consumed all of it the small ring is

@@ -267,7 +267,7 @@ func TestCloseUnblocksWriteWaitingForAck(t *testing.T) {
 	}
 }
 
-// Claim 18: with WithFreeSmallOnEnlarge the receiving side deregisters its
+// With WithFreeSmallOnEnlarge the receiving side deregisters its
 // small ring once the peer writes into the large one; everything still
 // works afterwards (records and credits travel in the large ring), in
 // both directions, and the registered bytes say so exactly.

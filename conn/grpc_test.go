@@ -265,7 +265,7 @@ func TestGRPCTwoProcesses(t *testing.T) {
 }
 
 // grpc-go with 1 MiB write and read buffers writes up to 1 MiB at a time:
-// above the rendezvous threshold, so 16 MiB messages travel by M5. The flow
+// above the rendezvous threshold, so 16 MiB messages travel by rendezvous. The flow
 // control windows are set, not estimated: with grpc-go's BDP estimator a
 // window can stay at 64 KiB for a whole exchange when its pings happen to
 // measure a short round trip, and then no write ever reaches 1 MiB (CI saw

@@ -11,12 +11,12 @@ import (
 )
 
 // Kits. A connection's protection domain and the pool that registered its
-// small rings (M1: 8 KiB on each side) outlive it, for the next connection
+// small rings (8 KiB on each side) outlive it, for the next connection
 // on the same device: that one's dial or accept then neither allocates a
 // PD nor registers memory, its rings come from the pool's free lists.
 // rdma_cm and the providers' own set-up stay; what a kit saves is the PD
-// and the two registrations of every connection (on rxe under TCG 0.4 ms
-// of a dial; on a NIC a registration is a command to its firmware).
+// and the two registrations of every connection (on a NIC a registration
+// is a command to its firmware; doc/benchmarks.md has what it saves).
 //
 // Only a connection whose queue pair is destroyed leaves its kit: its
 // peer's queue pair was connected to that one and reaches the rings no

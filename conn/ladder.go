@@ -5,13 +5,13 @@ import (
 	"time"
 )
 
-// The ladder (WithBufferPhases, issue "Buffers follow traffic"): a large
+// The ladder (WithBufferPhases): a large
 // direction that keeps stalling on credits, its writer waiting for the
 // peer's reader, climbs to the next, deeper phase. A step up is a shrink
 // record that says so (the peer retires the ring without counting a
 // shrink) followed by an enlargement request for the next phase: the
 // same records and the same guarantees as an idle shrink and the first
-// enlargement (shrink.go, M3), so nothing new can race a write. The peer
+// enlargement (shrink.go, enlarge.go), so nothing new can race a write. The peer
 // provisions the deeper ring once the old one is drained.
 
 const (
@@ -21,12 +21,10 @@ const (
 	climbStalls = 8
 	// climbWindow: stalls count towards a climb while they come this
 	// close together: a writer that keeps stalling, not one that stalled
-	// now and then over a long life. Counted from the first stall, they
-	// used to add up for ever, and a connection whose ring filled once
-	// every few seconds climbed to the third phase, 2 MiB more registered
-	// on each side, at an arbitrary moment: in the rxe guest's bench, in
-	// its steady-state phase, in 3 of 6 probes (2 or 4 registrations of
-	// 2 MiB).
+	// now and then over a long life. Stalls counted over a connection's
+	// whole life would make a connection whose ring fills once every few
+	// seconds climb, registering 2 MiB more on each side at an arbitrary
+	// moment long after its traffic warmed up.
 	climbWindow = time.Second
 	// shrinkClimb, in a shrink record's addr: a step up, not a shrink.
 	shrinkClimb = 1

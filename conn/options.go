@@ -39,7 +39,7 @@ type options struct {
 	budget     *bufpool.Budget
 	freeSmall  bool
 	idleShrink time.Duration // <= 0: never
-	// M5: writes above rdvThreshold go by rendezvous, rdvChunk at a time
+	// Writes above rdvThreshold go by rendezvous, rdvChunk at a time
 	// (0: the large ring's size; negative: never).
 	rdvThreshold int
 	rdvChunk     int
@@ -67,16 +67,11 @@ type options struct {
 // keeps an idle connection at 8 KiB of registered memory per side
 // (rsockets registers 256 KiB). The first write above the threshold
 // enlarges that direction to sixteen 32 KiB slots, so one grpc-go write
-// fills one slot and 512 KiB are in flight: measured across two
-// processes on shm, 32 KiB writes reach 6.5 GB/s with 4 slots in flight,
-// 9.5 with 8, 10.9 with 16 and no more with 64 (TCP loopback: 5): with
-// fewer slots the writer runs out of credits and waits for the reader's
-// credit return more often. A direction that keeps stalling even so
-// climbs to a third phase, thirty-two 64 KiB slots (2 MiB): measured in
-// the two-process bench against this ladder without it, two pairs of
-// runs, raw 32 KiB writes 4.15× and 4.23× TCP instead of 3.15× and 3.68×,
-// the gRPC 1 MiB stream 1.46× and 1.40× instead of 1.35× and 0.91×, no
-// change in the unary figures; 32 slots of 32 KiB did less well.
+// fills one slot and 512 KiB are in flight: with fewer slots a writer in
+// another process runs out of credits and waits for the reader's credit
+// return more often. A direction that keeps stalling even so climbs to a
+// third phase, thirty-two 64 KiB slots (2 MiB). The two-process bench
+// chose these sizes; its figures are in doc/benchmarks.md.
 const (
 	DefaultSlotSize   = 1024
 	DefaultSlotCount  = 4
@@ -116,14 +111,16 @@ func WithoutTCP() Option { return func(o *options) { o.noTCP = true } }
 // WithoutFallback makes a dial that cannot have RDMA (a plain gRPC
 // server, a server without an RDMA device or with another provider, an
 // upgrade that failed) fail with an error wrapping ErrNoRDMA, instead of
-// carrying on over TCP.
+// carrying on over TCP. Such a dial waits for the negotiation's verdict
+// inside Dial, so that its error comes from Dial.
 func WithoutFallback() Option { return func(o *options) { o.noFallback = true } }
 
 // WithUpgradeTimeout bounds the RDMA dial a listener's offer starts
 // (default 2 s); past it the connection stays TCP. Only a peer whose RDMA
 // address is offered but unreachable (RoCE: a NIC the route does not
 // reach) waits that long, and only the first dial to it in 30 s: later
-// ones stay on TCP at once.
+// ones stay on TCP at once. The dial itself has returned by then; its
+// first read waits for the verdict.
 func WithUpgradeTimeout(d time.Duration) Option {
 	return func(o *options) { o.upgradeTimeout = max(d, time.Millisecond) }
 }
@@ -154,49 +151,43 @@ func (o *options) log() *slog.Logger {
 // sleep at once). Under traffic the next completion lands meanwhile,
 // which saves two wake-ups: ours, and the peer's wake-up of us (on shm a
 // message on the connection's socket), since an unarmed queue is not
-// notified. Measured across two processes on shm (2 cores), against 0:
-// unary 64 B p50 113 → 17 µs (TCP 106), QPS at 8 callers 34,700 → 57,600
-// (TCP 35,800), 32 KiB writes 3.6 → 10 GB/s; but a 1 MiB gRPC stream,
-// where grpc-go itself needs both cores, 1,190 → 900 MB/s. A spin shorter
-// than the peer's answer pays the wake-ups anyway: on a VM whose
-// wake-ups cost hundreds of µs, 100 µs left a 64 KiB unary call at
-// 1.2–1.3× TCP's p50 and 200 µs brought it to 0.4× (the server's work
-// per call is ~150 µs there). Once connections learned their spin below
-// the ceiling and yielded the processor past 50 µs, 200 µs still fell
-// short of a 256 KiB call's answer (the server works ~300 µs): four pairs
-// of quick bench runs, two processes, 500 µs against 200 µs, rdmagrpc /
-// TCP: unary 256 KiB p50 0.69–0.77× against 0.94–1.00×, 1 MiB
-// 0.75–0.88× against 0.82–0.85×, the 1 MiB stream 1.05–1.21× against
-// 1.01–1.10×, the client's CPU per RPC at 8 callers 0.94–0.97× against
-// 0.82–0.96×, QPS at 8 callers 1.37–1.42× against 1.29–1.56×. 1 ms did
-// better still for the large calls, but its CPU per RPC spread wider
-// (at 8 callers 0.79–1.08× TCP's, at 64 up to 1.28×).
+// notified. A spin shorter than the peer's answer pays the wake-ups
+// anyway, so the default is longer than the server's work for a 256 KiB
+// unary call on a small VM; doc/benchmarks.md has the runs that chose it.
 //
 // Below the ceiling each connection learns its own spin from how its
 // quiet periods end (spin.go): a spin that runs out shrinks it, one that
 // succeeds late, or a short sleep, grows it. A connection that goes quiet
 // after each burst (a gRPC connection's set-up, a client between calls)
-// stops paying the full spin every time; an idle one never pays. Aeron's
-// IPC idle strategies and brpc's polling mode make the same trade. Lower
-// it on hosts with more busy processes than cores; raise it where
-// answers take longer and CPU is to spare.
+// stops paying the full spin every time; an idle one never pays. Past
+// 50 µs each round of a spin also yields the processor, and at most two
+// loops per processor spin at once. Aeron's IPC idle strategies and
+// brpc's polling mode make the same trade. Spinning costs CPU that a
+// CPU-bound process would use: lower it on hosts with more busy
+// processes than cores; raise it where answers take longer and CPU is to
+// spare.
 func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
 
 // WithProvider picks the transport provider ("verbs" or "shm").
 func WithProvider(name string) Option { return func(o *options) { o.provider = name } }
 
-// WithSmallBuffers sets the slot size and count of the small phase (M1):
-// the receive ring and the send staging area each connection starts with.
+// WithSmallBuffers sets the slot size and count of the small phase: the
+// pre-registered receive ring and send staging area each connection
+// starts with (default 4 slots of 1 KiB: 8 KiB per idle side). One
+// receive slot is kept for control records, so at least 3 are needed.
 func WithSmallBuffers(size, count int) Option {
 	return func(o *options) { o.slotSize, o.slotCount = size, count }
 }
 
-// WithThreshold sets the write size above which a direction is enlarged
-// (M2); default: the small slot size.
+// WithThreshold sets the write size above which a direction is enlarged:
+// such a write first asks the peer for large buffers and waits for its
+// acknowledgement. Default: the small slot size.
 func WithThreshold(n int) Option { return func(o *options) { o.threshold = n } }
 
-// WithLargeBuffers sets the slot size and count of the large phase (M4).
-// It is the whole ladder above the small phase: no deeper phase follows
+// WithLargeBuffers sets the slot size and count of the large phase a
+// direction's first enlargement asks for (default 16 slots of 32 KiB:
+// one grpc-go write fills one slot, and 512 KiB are in flight). It is the
+// whole ladder above the small phase: no deeper phase follows
 // (WithBufferPhases sets more).
 func WithLargeBuffers(size, count int) Option {
 	return func(o *options) { o.largeSize, o.largeCount, o.more = size, count, nil }
@@ -211,10 +202,16 @@ type Phase struct{ Size, Count int }
 // one every connection starts with (WithSmallBuffers), the second the
 // first large one (WithLargeBuffers), and each further one a deeper ring
 // that a large direction climbs to when it keeps stalling on credits
-// (climbStalls waits for the peer's credits in that phase). Idle and
+// (climbStalls waits for the peer's credits within climbWindow). A climb
+// is a shrink record marked as a step followed by an enlargement request
+// for the next phase, with the same guarantees as both. Idle and
 // pressure shrinks go back to the first phase; the next enlargement asks
 // for the second. A receiver provisions the largest of its own phases
-// that fits what is asked, so the two ends may have different ladders.
+// that fits what is asked, or its first large phase when its budget has
+// no room for the step (no other connection is asked to shrink for a
+// step up), so the two ends may have different ladders; a writer given
+// less than it asked stops climbing. Default: 1 KiB × 4, 32 KiB × 16,
+// 64 KiB × 32.
 func WithBufferPhases(phases ...Phase) Option {
 	return func(o *options) {
 		if len(phases) == 0 {
@@ -269,35 +266,48 @@ func (o *options) maxLarge() (size, count int) {
 
 // WithAckTimeout sets how long a writer waits for the enlargement
 // acknowledgement, and how many times it asks again before going on with
-// the small buffers.
+// the small buffers (default 1 s, 2 retries). A missing or corrupt
+// acknowledgement is asked for again; the data is delivered either way.
+// After a failed enlargement the next large write asks again after a
+// back-off (1 s, doubling with each failure in a row up to 1 min;
+// Stats.EnlargeRetryAt).
 func WithAckTimeout(d time.Duration, retries int) Option {
 	return func(o *options) { o.ackTimeout, o.ackRetries = d, retries }
 }
 
 // WithRendezvousThreshold sets the write size (or net.Buffers element
-// size) above which data goes by rendezvous (M5) instead of through the
+// size) above which data goes by rendezvous (the reader asks, the writer
+// RDMA-writes into the reader's registered memory) instead of through the
 // rings: default, the large ring's whole size (32 KiB × 16), so grpc-go's
 // default 32 KiB writes never use it and raised write buffer sizes do.
 // Negative: never.
 func WithRendezvousThreshold(n int) Option { return func(o *options) { o.rdvThreshold = n } }
 
 // WithRendezvousChunk sets how much one rendezvous advert holds (default
-// 4 MiB): the registered memory a transfer uses on each side.
+// 4 MiB): the registered memory a transfer uses on each side. A bigger
+// write is several adverts, two in flight, so a transfer holds at most
+// twice this of registered source memory and this of destination.
 func WithRendezvousChunk(n int) Option { return func(o *options) { o.rdvChunk = n } }
 
 // WithFreeSmallOnEnlarge makes the receiving side deregister and free
-// its small receive ring once the peer has moved to the large one (claim
-// 18 of the enlargement patent): 4 KiB less registered memory per
-// enlarged direction, at the price of never going back to small buffers.
+// its small receive ring once the peer has moved to the large one: 4 KiB
+// less registered memory per enlarged direction, at the price of never
+// going back to small buffers (the acknowledgement says so, and that
+// direction never shrinks). Records and control messages then travel in
+// the large ring.
 func WithFreeSmallOnEnlarge() Option { return func(o *options) { o.freeSmall = true } }
 
 // WithIdleShrink: a sending direction whose large buffers carried nothing
 // for d goes back to its small buffers, and both sides give the large
 // ones back to the pool and the budget (registered memory returns to its
 // idle 8 KiB per side). The next large write enlarges again. Default
-// DefaultIdleShrink; 0 or negative: never. A peer that frees its small
-// ring on enlargement (WithFreeSmallOnEnlarge) says so in its ack, and
-// our direction to it then stays large.
+// DefaultIdleShrink; 0 or negative: never. A small direction idle for d
+// more parks: the pages of its small ring and staging go back to the
+// system, registration kept, on providers that can release them (shm);
+// the first write after a park waits one round trip for the peer's
+// answer. A peer that frees its small ring on enlargement
+// (WithFreeSmallOnEnlarge) says so in its ack, and our direction to it
+// then stays large.
 func WithIdleShrink(d time.Duration) Option { return func(o *options) { o.idleShrink = d } }
 
 // WithTracerProvider sets where the connection, enlargement and
@@ -353,7 +363,14 @@ func WithPeerCheck(check func(pid, uid, gid int) error) Option {
 	return func(o *options) { o.peerCheck = check }
 }
 
-// WithBudget charges registered memory to b instead of bufpool.Default().
+// WithBudget charges registered memory to b instead of bufpool.Default()
+// (process-wide: 1 GiB, or RDMAGRPC_REG_BUDGET). An exhausted budget
+// slows a stream, never breaks it: the peer refuses enlargement, a
+// rendezvous source goes through the rings, a reader asks for smaller
+// parts (down to one page, taken beyond the budget when there is no room
+// at all). A side asked to enlarge whose budget has no room first asks
+// the writers of its least recently used idle large rings on that budget
+// to shrink, and serves once the memory is back.
 func WithBudget(b *bufpool.Budget) Option { return func(o *options) { o.budget = b } }
 
 func (o *options) validate() error {

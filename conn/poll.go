@@ -596,7 +596,7 @@ func (c *Conn) receivedLocked(imm uint32) error {
 			c.maybeFreeSmallLocked()
 		}
 		if errors.Is(err, errTornRecord) {
-			// M3: a torn or corrupt record counts as not received; the
+			// A torn or corrupt record counts as not received; the
 			// writer's time-out and retry recover from it.
 			c.st.BadRecords++
 			return nil

@@ -9,7 +9,8 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
 )
 
-// Reclaim under pressure (issue "Buffers follow traffic"). A side asked
+// Reclaim under pressure, so that busy connections take turns with the
+// budget's memory. A side asked
 // to enlarge whose budget has no room for the large ring asks the writers
 // into the least recently used idle large rings of its other connections
 // on that budget to shrink now, rather than at their idle shrink, and

@@ -14,7 +14,7 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// M5, rendezvous: a message above the rendezvous threshold is not pushed
+// Rendezvous: a message above the rendezvous threshold is not pushed
 // through the rings. The writer (the holder) copies it into registered
 // memory of its own and advertises it; the reader, when it reads, asks for
 // exactly the part it has a destination for, naming source and
@@ -91,7 +91,7 @@ type rendezvous struct {
 	reqSeq uint32
 }
 
-// writeRendezvous sends b by M5, a chunk (an advert) at a time; c.wmu is
+// writeRendezvous sends b by rendezvous, a chunk (an advert) at a time; c.wmu is
 // held. When no registered memory can be had for a chunk (the budget),
 // that chunk goes through the rings instead: the data always goes through.
 func (c *Conn) writeRendezvous(b []byte) (int, error) {

@@ -11,7 +11,7 @@ import (
 
 // Shrinking: a direction whose large buffers carried nothing for
 // WithIdleShrink goes back to the small phase, and both sides give the
-// large memory back (issue "Buffers follow traffic").
+// large memory back: registered memory follows traffic.
 //
 // The writer decides, since it alone knows when it last wrote. With no
 // write in progress (it holds c.wmu) and every large write completed, it

@@ -12,11 +12,10 @@ import (
 //
 // A spin that finds the next completion saves two wake-ups; one that runs
 // out is all waste, and on a host with as many busy processes as cores it
-// takes the core the peer needed. A fixed 200 µs paid that at the end of
-// every burst: gRPC connections set up in a loop (two processes, 2
-// cores) ran out of spin 2.4 times per connection on the client, 470 µs
-// of CPU per connection, and a loop of 5,000 took 1.20–1.21 ms a
-// connection against 0.95 ms with no spin at all and 0.69 ms over TCP.
+// takes the core the peer needed. A fixed spin pays that at the end of
+// every burst: a gRPC connection's set-up ends several bursts in a row,
+// and a connection that goes quiet after each spins its whole budget out
+// each time.
 //
 // So a spin that runs out shrinks the budget by a quarter (not below
 // spinFloor, which still catches completions already on their way), and
@@ -111,12 +110,9 @@ func (c *Conn) spinQuietEndedAt(now uint32) {
 // so that a spin waiting on a peer that works for hundreds of µs stops
 // taking the core that peer, or this process's own other threads, need.
 // Aeron's BackoffIdleStrategy moves from spinning to yielding the same
-// way. Measured across two processes on shm, 2 cores, the bench's quick
-// run (-rounds 3), against no yield: unary p50 at 64 KiB 0.94–0.99× TCP's
-// → 0.64–0.66×, at 256 KiB 1.20–1.23× → 0.86–0.89×, at 1 MiB 0.91–1.06×
-// → 0.76–0.88×. Yielding from the start cost the small calls what the
-// spin is for, their cross-process round trip of ~30 µs (64 B p50 28 →
-// 88 µs, as at 20 µs); 50 µs kept them at 28–40 µs.
+// way. It is longer than a small call's cross-process round trip, so
+// small calls keep what the spin is for; yielding from the start would
+// cost them a wake-up. The runs that chose it are in doc/benchmarks.md.
 const spinYieldAfter = 50 * time.Microsecond
 
 // osYield gives the processor to another runnable thread, if any; it

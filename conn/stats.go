@@ -70,7 +70,7 @@ type Stats struct {
 	BadRecords      int // torn or corrupt control records ignored
 	StaleRecords    int // answers to requests given up on
 	CreditStalls    uint64
-	// M5: messages sent by rendezvous (adverts), received, and chunks
+	// Rendezvous: messages sent by rendezvous (adverts), received, and chunks
 	// that went through the rings because no memory could be registered.
 	Rendezvous             uint64
 	RendezvousIn           uint64

@@ -19,7 +19,7 @@ const (
 	kindCredit  = 2 // zero-length: credits only (length 0), or a park or resume (park.go)
 	kindEOF     = 3 // the writer closed its direction
 	kindControl = 4 // a control record in the receiver's small ring (kindRecordL: large)
-	kindReadEnd = 5 // M5: the last segment of a read request; length = its sequence
+	kindReadEnd = 5 // rendezvous: the last segment of a read request; length = its sequence
 	kindClose   = 6 // the peer closed: end of its stream, and it reads no more
 	kindRecordL = 7 // a control record in the receiver's large ring
 	maxCredits  = 1<<8 - 1
@@ -108,7 +108,8 @@ func checkRing(size, count uint32) error {
 // minSlot: a slot must hold a control record.
 const minSlot = 64
 
-// Control records (M3) travel in a slot of the small ring, framed by a
+// Control records (enlargement request, ack, refusal, shrink, adverts
+// and read requests) travel in a slot of the small ring, framed by a
 // head flag and a tail flag with a checksum between: a record is taken
 // only when both flags are there and the checksum matches, so a torn or
 // corrupt acknowledgement counts as not received.
@@ -119,8 +120,8 @@ const (
 	recRequest = 1 // please provision large buffers for this connection
 	recAck     = 2 // provisioned: here they are
 	recRefuse  = 3 // cannot (budget, registration failure)
-	recAdvert  = 4 // M5: a message waits in the holder's registered memory
-	recRead    = 5 // M5: please write this part of it into my memory
+	recAdvert  = 4 // rendezvous: a message waits in the holder's registered memory
+	recRead    = 5 // rendezvous: please write this part of it into my memory
 	recShrink  = 6 // the last message into your large ring: drop it once read
 	// recShrinkAsk: my budget is short, shrink your large direction when
 	// idle (pressure.go); sent only to peers whose request said they
@@ -174,7 +175,7 @@ var errBadRecord = errors.New("conn: malformed control record")
 
 // errTornRecord is a record whose framing does not hold (head flag, tail
 // flag, checksum): torn or corrupted on its way, it counts as not
-// received (M3: the writer's time-out and retry recover). A record whose
+// received (the writer's acknowledgement time-out and retry recover). A record whose
 // framing holds but whose content is invalid was sent that way: a
 // protocol violation.
 var errTornRecord = fmt.Errorf("%w: torn or corrupt", errBadRecord)

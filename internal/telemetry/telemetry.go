@@ -1,6 +1,6 @@
 // Package telemetry is rdmagrpc's OpenTelemetry instrumentation: a span
 // per connection, per enlargement on each side and per rendezvous read,
-// and the metrics listed in README.md ("OpenTelemetry").
+// and the metrics listed in README.md ("Metrics").
 //
 // conn holds one *Conn per connection and calls it at the points of the
 // protocol; every method is safe on a nil *Conn, which is what a

@@ -639,8 +639,8 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 		return fail(err)
 	}
 	// Started now, not once the dialer says it mapped our memory
-	// (msgReady, which the dialer sends only to listeners of earlier
-	// versions, and the socket poller reads and ignores): what we
+	// (msgReady, which the dialer sends only to listeners without
+	// acceptNoReady, and the socket poller reads and ignores): what we
 	// write lands in the dialer's ring, which it made before it asked,
 	// and waits for its first poll, as data a TCP server writes at accept
 	// waits in the client's socket. Waiting cost every new connection a
@@ -655,7 +655,7 @@ func (r *connReq) Accept(ctx context.Context, cfg transport.QPConfig, private []
 }
 
 // acceptFlags are the flags a listener's accept carries (a variable for
-// the tests that play a listener of an earlier version).
+// the tests that play a listener without acceptNoReady).
 var acceptFlags byte = acceptNoReady
 
 var localPorts atomic.Uint32
@@ -878,7 +878,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, cred *unix.Ucr
 	q.dev.notePeerHolds(info.held)
 	q.peer = p
 	if info.flags&acceptNoReady == 0 {
-		// A listener of an earlier version: it waits for this.
+		// A listener without acceptNoReady waits for this.
 		if err := c.send([]byte{msgReady}); err != nil {
 			return fail(err)
 		}

@@ -509,9 +509,9 @@ func wantListenerFailed(t *testing.T, b []byte, why string) {
 	}
 }
 
-// A dialer sends msgReady only to a listener of an earlier version, one
-// whose accept lacks acceptNoReady: a listener of this version starts the
-// connection when it accepts, and the message would only wake it.
+// A dialer sends msgReady only to a listener whose accept lacks
+// acceptNoReady: a listener with the flag starts the connection when it
+// accepts, and the message would only wake it.
 func TestReadyOnlyForEarlierListeners(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

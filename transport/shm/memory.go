@@ -103,9 +103,8 @@ func (a *arena) punchAll() {
 
 // keepResident is how much of its pages an empty arena keeps: a
 // connection opened and closed in a loop empties it at each close, and
-// punching it then made the next set-up fault in every page of its rings
-// and queues again (a dial's median went from 20.5 to 25 µs, a dial and
-// close from 49 to 77 µs of CPU, 2026-11-25). A burst's high-water mark
+// punching it then would make the next set-up fault in every page of its
+// rings and queues again, a cost on every dial. A burst's high-water mark
 // above it still goes back.
 const keepResident = 256 << 10
 

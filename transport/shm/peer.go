@@ -352,8 +352,8 @@ func (p *peer) sweep() {
 	})
 }
 
-// readies counts the msgReady a dialer of an earlier version sent
-// (tests: a dialer of this version sends none).
+// readies counts the msgReady dialers sent (tests: a dialer sends none
+// to a listener whose accept carries acceptNoReady).
 var readies atomic.Uint64
 
 // serveMsg serves one message from the peer's socket (on the socket

@@ -17,7 +17,7 @@ const (
 	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header (none with ctlNamed)
 	msgAccept     = 2 // same
 	msgReject     = 3 // private data
-	msgReady      = 4 // the connecting side has mapped everything (RTU); sent only to listeners of earlier versions, which wait for it
+	msgReady      = 4 // the connecting side has mapped everything (RTU); sent only to listeners whose accept lacks acceptNoReady, which wait for it
 	msgMemReq     = 5 // req id, memfd id, rkey
 	msgMemRep     = 6 // req id, ok; fd when ok
 	msgErrNote    = 7 // "I moved your QP (or your CQ) to ERROR", wake up
@@ -31,8 +31,8 @@ const (
 	infoFDs     = 3
 )
 
-// Flags follow a connect or accept message's private data. Peers of
-// earlier versions send none and ignore them (decodeInfo reads what it
+// Flags follow a connect or accept message's private data. A peer may
+// send none and may ignore them (decodeInfo reads what it
 // knows and no further), so a flag only ever skips a step both sides
 // know to skip.
 const (
@@ -76,7 +76,7 @@ type qpInfo struct {
 	addr             netip.AddrPort
 	private          []byte
 	flags            byte // after the private data: see acceptNoReady
-	// After the flags (peers of earlier versions send neither): held
+	// After the flags (a peer may send neither): held
 	// lists the inode numbers of the receiver's control files the sender
 	// keeps mapped; ctl, with ctlNamed, names the sender's own (MR
 	// table, arena of the QP ring, arena of the receive CQ header).
