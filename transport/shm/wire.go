@@ -12,7 +12,11 @@ import (
 )
 
 // Messages on a connection's unix socket (SOCK_SEQPACKET, so each read is
-// one message). The data path never uses it.
+// one message). The data path never uses it. doc/protocol.md (§3.3.3)
+// names them without the msg prefix, in lower case (connect, accept,
+// reject, ready, memreq, memrep, errnote, disconnect, wake, needfds, fds),
+// and qpInfo "QP info" (§3.3.5), with its fields in snake case
+// (recv_cap for recvCap, held_count for len(held)).
 const (
 	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header (none with ctlNamed)
 	msgAccept     = 2 // same
