@@ -366,7 +366,8 @@ func (c *Conn) run() {
 
 // providerCodes name an RDMA connection's provider in the fromSize of its
 // opened marker, for rdmatrace (bpf.OpenedShm, bpf.OpenedVerbs); 0: any
-// other.
+// other. Not the "provider code" of doc/protocol.md (§2.3), which is
+// providerCode's FNV-1a hash in the negotiation's SETTINGS.
 var providerCodes = map[string]uint32{"shm": 1, "verbs": 2}
 
 // establish finishes a dial that returned once its request was sent

@@ -13,6 +13,11 @@ import (
 //	bit  28     which of the receiver's rings the returned credits free
 //	bits 27–20  credits returned
 //	bits 19–0   payload length
+//
+// doc/protocol.md (§4.1) calls bit 28 R and words it from the other end:
+// "the receiver" above is the receiver of the data, which sends this
+// message; R names one of its rings, the one the recipient of the
+// message writes into (receivedLocked adds the credits to tx[R]).
 const (
 	kindSmall   = 0 // data in the receiver's small ring
 	kindLarge   = 1 // data in the receiver's large ring

@@ -830,11 +830,7 @@ func (q *qp) awaitAccept(ctx context.Context, deadline time.Time, cred *unix.Ucr
 	switch b[0] {
 	case msgReject:
 		closeFDs(rfds)
-		var priv []byte
-		if len(b) >= 2 && int(b[1]) <= len(b)-2 {
-			priv = b[2 : 2+int(b[1])]
-		}
-		priv = transport.PadPrivate(priv, transport.PrivateLenReject)
+		priv := transport.PadPrivate(decodeReject(b), transport.PrivateLenReject)
 		q.shared = false // the listener closed what it was handed
 		leave()
 		c.close()

@@ -393,12 +393,10 @@ func (q *qp) serveMsg(b []byte, fds []int) bool {
 // an MR that is valid for this connection (same PD as our QP): a peer must
 // never reach memory it was not granted.
 func (q *qp) serveMemReq(b []byte) {
-	if len(b) < 21 {
+	req, id, key, ok := decodeMemReq(b)
+	if !ok {
 		return
 	}
-	req := le64(b[1:])
-	id := le64(b[9:])
-	key := le32(b[17:])
 	m := q.dev.mrs.lookupLocal(key)
 	if m == nil || m.pd != q.pd || m.alloc.arena.id != id {
 		q.sock.send(encodeMemRep(req, false))
@@ -414,12 +412,13 @@ func (q *qp) serveMemReq(b []byte) {
 }
 
 func (q *qp) deliverMemRep(b []byte, fds []int) {
-	if len(b) < 10 {
+	req, granted, ok := decodeMemRep(b)
+	if !ok {
 		closeFDs(fds)
 		return
 	}
-	r := memReply{req: le64(b[1:]), fd: -1}
-	if b[9] == 1 && len(fds) == 1 {
+	r := memReply{req: req, fd: -1}
+	if granted && len(fds) == 1 {
 		r.fd = fds[0]
 	} else {
 		closeFDs(fds)
@@ -518,10 +517,6 @@ func (q *qp) peerMem(e *mrEntry) ([]byte, error) {
 func le64(b []byte) uint64 {
 	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
 		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
-}
-
-func le32(b []byte) uint32 {
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
 
 func dupFD(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0) }

@@ -6,7 +6,10 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// A QP's shared segment holds its state word and its receive queue. The
+// A QP's shared segment holds its state word and its receive queue
+// (doc/protocol.md §3.3.6 calls the segment the QP ring, and its fields
+// state, posted, claimed, polled, and per slot flag, nsge, kind, byte_len,
+// imm, sge). The
 // receive queue is one ring with three cursors: the owner posts receives
 // (posted), the peer's requester claims them in order (claimed) and writes
 // the completion into the same slot, then sets the slot's flag to its

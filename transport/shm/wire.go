@@ -12,7 +12,11 @@ import (
 )
 
 // Messages on a connection's unix socket (SOCK_SEQPACKET, so each read is
-// one message). The data path never uses it.
+// one message). The data path never uses it. doc/protocol.md (§3.3.3)
+// names them without the msg prefix, in lower case (connect, accept,
+// reject, ready, memreq, memrep, errnote, disconnect, wake, needfds, fds),
+// and qpInfo "QP info" (§3.3.5), with its fields in snake case
+// (recv_cap for recvCap, held_count for len(held)).
 const (
 	msgConnect    = 1 // qpInfo + fds: MR table, arena of the QP ring, arena of the recv CQ header (none with ctlNamed)
 	msgAccept     = 2 // same
@@ -246,4 +250,32 @@ func encodeMemRep(req uint64, ok bool) []byte {
 		return append(b, 1)
 	}
 	return append(b, 0)
+}
+
+// decodeMemReq reads a memfd request (serveMemReq); ok is false when it is
+// too short.
+func decodeMemReq(b []byte) (req, id uint64, key uint32, ok bool) {
+	if len(b) < 21 {
+		return 0, 0, 0, false
+	}
+	le := binary.LittleEndian
+	return le.Uint64(b[1:]), le.Uint64(b[9:]), le.Uint32(b[17:]), true
+}
+
+// decodeMemRep reads a memfd reply (deliverMemRep): granted says a
+// descriptor should come with it; ok is false when it is too short.
+func decodeMemRep(b []byte) (req uint64, granted, ok bool) {
+	if len(b) < 10 {
+		return 0, false, false
+	}
+	return binary.LittleEndian.Uint64(b[1:]), b[9] == 1, true
+}
+
+// decodeReject returns a reject message's private data, not padded; a
+// length beyond the message reads as none.
+func decodeReject(b []byte) []byte {
+	if len(b) >= 2 && int(b[1]) <= len(b)-2 {
+		return b[2 : 2+int(b[1])]
+	}
+	return nil
 }
