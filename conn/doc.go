@@ -6,9 +6,17 @@
 //
 // The provider is verbs when transport/verbs is imported and an RDMA
 // device is usable, else shm (shared memory between the processes of one
-// host); WithProvider or RDMAGRPC_PROVIDER choose, and Stats says which
-// and why. A device that is present but cannot be used is an error, not a
-// silent fallback.
+// host); WithProvider or RDMAGRPC_PROVIDER choose (verbs or shm, either
+// case), Stats says which and why, and ProviderChoice says it before any
+// connection. A device that is present but cannot be used is an error, not
+// a silent fallback.
+//
+// Settings: RDMAGRPC_PROVIDER, RDMAGRPC_LOG, RDMAGRPC_REG_BUDGET and the
+// RDMAGRPC_VERBS_* of transport/verbs are checked together at the first
+// Listen or Dial, whatever the provider: a bad value fails them with
+// ErrBadSetting, and an RDMAGRPC_ name that is no setting is logged as a
+// warning, on standard error when no logger is set. rdmatrace doctor runs
+// the same check.
 //
 // Mixed fleets: Listen also serves plain gRPC clients over TCP on the same
 // address, and Dial reaches plain gRPC servers over TCP. Every connection

@@ -182,7 +182,8 @@ func (o *options) log() *slog.Logger {
 // answers take longer and CPU is to spare.
 func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
 
-// WithProvider picks the transport provider ("verbs" or "shm").
+// WithProvider picks the transport provider ("verbs" or "shm", either
+// case, or another registered one), over RDMAGRPC_PROVIDER.
 func WithProvider(name string) Option { return func(o *options) { o.provider = name } }
 
 // WithSmallBuffers sets the slot size and count of the small phase (M1):

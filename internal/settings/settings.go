@@ -145,12 +145,15 @@ func ParseProvider(v string) (string, error) {
 	case "verbs", "shm":
 		return s, nil
 	case "tcp":
-		return "", &Error{Provider, v, providerAccept + `: tcp is not a provider but what a connection stays on when the peer has no RDMA (Stats().Provider "tcp"); ` +
-			"leave RDMAGRPC_PROVIDER unset and dial or listen as usual, or, for TCP only, do not use rdmagrpc's dialer and listener"}
+		return "", &Error{Provider, v, providerAccept + ": " + NotTCP}
 	default:
 		return "", &Error{Provider, v, providerAccept}
 	}
 }
+
+// NotTCP explains why tcp cannot be chosen as a provider.
+const NotTCP = `tcp is not a provider but what a connection stays on when the peer cannot have RDMA (Stats().Provider "tcp"); ` +
+	"leave the provider unset to get RDMA where both ends have it and TCP elsewhere, or, for TCP only, use grpc's own dialer and net.Listen"
 
 // ProviderName is RDMAGRPC_PROVIDER parsed: "" when unset.
 func ProviderName() (string, error) {
