@@ -138,7 +138,9 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // nothing by default: the logger starts out discarding, unless the
 // environment variable RDMAGRPC_LOG names a level (debug, info, warn,
 // error), which logs from that level up to standard error. nil restores
-// the discarding logger.
+// the discarding logger. One exception: an RDMAGRPC_ variable that is no
+// setting (a misspelling) is reported once, as a warning, to standard
+// error when no logger is set.
 func SetLogger(l *slog.Logger) { logx.Set(l) }
 
 func (o *options) log() *slog.Logger {
