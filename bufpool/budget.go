@@ -3,13 +3,11 @@ package bufpool
 import (
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/logx"
+	"github.com/rdmagrpc/rdmagrpc/internal/settings"
 )
 
 // ErrBudget is returned, wrapped with the figures, when registering more
@@ -17,7 +15,7 @@ import (
 var ErrBudget = errors.New("bufpool: registered-memory budget exceeded")
 
 // BudgetEnv is the environment variable Default reads its limit from.
-const BudgetEnv = "RDMAGRPC_REG_BUDGET"
+const BudgetEnv = settings.RegBudget
 
 // DefaultBudget is the limit of Default when BudgetEnv is unset: enough for
 // thousands of connections in the small phase, small enough that a leak
@@ -46,15 +44,16 @@ func NewBudget(limit int64) *Budget {
 }
 
 var defaultBudget = sync.OnceValue(func() *Budget {
-	v, ok := os.LookupEnv(BudgetEnv)
+	v, ok := settings.Get(BudgetEnv)
 	if !ok {
 		return NewBudget(DefaultBudget)
 	}
-	n, err := ParseSize(v)
+	n, err := settings.ParseSize(v)
 	if err != nil {
-		// A typo must not silently mean "unlimited": say so once and
-		// keep the safe default.
-		logx.L().Warn("rdmagrpc bufpool: ignoring a bad budget; using the default", "env", BudgetEnv, "value", v, "err", err, "default", DefaultBudget)
+		// A typo must not silently mean "unlimited". conn refuses to
+		// Listen or Dial with it (settings.Check); a program using
+		// bufpool alone is told once and keeps the safe default.
+		logx.Warn("rdmagrpc bufpool: ignoring a bad budget; using the default", "env", BudgetEnv, "value", v, "err", err, "default", DefaultBudget)
 		return NewBudget(DefaultBudget)
 	}
 	return NewBudget(n)
@@ -131,31 +130,7 @@ func (b *Budget) reclaim(need int64, p *Pool) bool {
 }
 
 // ParseSize parses a byte count with an optional k, m or g suffix (powers
-// of 1024, case-insensitive, an optional trailing "b" or "ib").
-func ParseSize(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	t = strings.TrimSuffix(t, "ib")
-	t = strings.TrimSuffix(t, "b")
-	mult := int64(1)
-	if n := len(t); n > 0 {
-		switch t[n-1] {
-		case 'k':
-			mult = 1 << 10
-		case 'm':
-			mult = 1 << 20
-		case 'g':
-			mult = 1 << 30
-		}
-		if mult != 1 {
-			t = t[:n-1]
-		}
-	}
-	v, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("bufpool: size %q: want a non-negative number of bytes with an optional k, m or g suffix", s)
-	}
-	if v > (1<<63-1)/mult {
-		return 0, fmt.Errorf("bufpool: size %q overflows", s)
-	}
-	return v * mult, nil
-}
+// of 1024, case-insensitive, an optional trailing "b" or "ib"), as
+// RDMAGRPC_REG_BUDGET is read; its error is a transport.ErrBadSetting
+// naming that variable.
+func ParseSize(s string) (int64, error) { return settings.ParseSize(s) }

@@ -135,7 +135,9 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // nothing by default: the logger starts out discarding, unless the
 // environment variable RDMAGRPC_LOG names a level (debug, info, warn,
 // error), which logs from that level up to standard error. nil restores
-// the discarding logger.
+// the discarding logger. One exception: an RDMAGRPC_ variable that is no
+// setting (a misspelling) is reported once, as a warning, to standard
+// error when no logger is set.
 func SetLogger(l *slog.Logger) { logx.Set(l) }
 
 func (o *options) log() *slog.Logger {
@@ -168,7 +170,8 @@ func (o *options) log() *slog.Logger {
 // spare.
 func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
 
-// WithProvider picks the transport provider ("verbs" or "shm").
+// WithProvider picks the transport provider ("verbs" or "shm", either
+// case, or another registered one), over RDMAGRPC_PROVIDER.
 func WithProvider(name string) Option { return func(o *options) { o.provider = name } }
 
 // WithSmallBuffers sets the slot size and count of the small phase: the

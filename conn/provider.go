@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"strings"
 	"sync"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/logx"
+	"github.com/rdmagrpc/rdmagrpc/internal/settings"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/shm" // the default where no RDMA device exists
 )
@@ -40,16 +42,88 @@ func device(name string) (transport.Device, error) {
 	return d, nil
 }
 
-// pickProvider: the option, else RDMAGRPC_PROVIDER, else verbs when a
+// ErrBadSetting is what Listen and Dial wrap when an RDMAGRPC_*
+// environment variable has a value that cannot be used; the error names
+// the variable, the value and what is accepted.
+var ErrBadSetting = transport.ErrBadSetting
+
+// settingsCheck holds the outcome of checkSettings, once per process.
+var settingsCheck struct {
+	sync.Mutex
+	done bool
+	err  error
+}
+
+// checkSettings checks the RDMAGRPC_* settings at the first Listen or
+// Dial, whatever the provider: a bad value is the error of every Listen
+// and Dial, and a name that is no setting (a misspelling) is logged once,
+// visibly even with no logger set (logx.Warn).
+func checkSettings() error {
+	settingsCheck.Lock()
+	defer settingsCheck.Unlock()
+	if !settingsCheck.done {
+		ps := settings.Check(nil)
+		for _, p := range ps {
+			if p.Warning {
+				logx.Warn("rdmagrpc: "+p.String(), "name", p.Name)
+			}
+		}
+		settingsCheck.err = badSettings(ps)
+		settingsCheck.done = true
+	}
+	return settingsCheck.err
+}
+
+func badSettings(ps []settings.Problem) error {
+	if err := settings.Err(ps); err != nil {
+		return fmt.Errorf("conn: bad setting: %w", err)
+	}
+	return nil
+}
+
+// ProviderChoice says which provider Listen and Dial would use on this
+// host without WithProvider, and why, or the error they would return. It
+// checks the settings (as they are now) and opens the provider's device
+// as they do (devices are shared by the process and stay open), but
+// connects nothing.
+func ProviderChoice() (name, reason string, err error) {
+	if err := badSettings(settings.Check(nil)); err != nil {
+		return "", "", err
+	}
+	o := defaults()
+	name, _, err = chooseProvider(&o)
+	return name, o.providerWhy, err
+}
+
+// pickProvider checks the settings (once), then chooses.
+func pickProvider(o *options) (string, transport.Device, error) {
+	if err := checkSettings(); err != nil {
+		return "", nil, err
+	}
+	return chooseProvider(o)
+}
+
+// chooseProvider: the option, else RDMAGRPC_PROVIDER, else verbs when a
 // usable device exists (and transport/verbs was imported), else shm. Only
 // the absence of RDMA selects shm: a device that is here but fails to open
 // (permissions, memlock, a port down) is the caller's error, because shm
 // reaches local processes only and would quietly turn every remote dial
 // into a refusal.
-func pickProvider(o *options) (string, transport.Device, error) {
+func chooseProvider(o *options) (string, transport.Device, error) {
 	name, why := o.provider, "option"
-	if name == "" {
-		name, why = os.Getenv("RDMAGRPC_PROVIDER"), "RDMAGRPC_PROVIDER"
+	if name != "" {
+		if strings.EqualFold(name, "tcp") {
+			return "", nil, fmt.Errorf("conn: WithProvider(%q): %s", name, settings.NotTCP)
+		}
+		if l := strings.ToLower(name); !transport.Registered(name) && transport.Registered(l) {
+			name = l
+		}
+	} else {
+		env, err := settings.ProviderName()
+		if err != nil {
+			return "", nil, fmt.Errorf("conn: bad setting: %w", err)
+		}
+		name, why = env, settings.Provider
 	}
 	if name == "" {
 		name, why = "shm", "no RDMA device"

@@ -12,6 +12,10 @@ var (
 	// choosing a provider must report it instead of silently picking
 	// another: the operator meant this device to work.
 	ErrUnusable error = unusable{}
+	// ErrBadSetting wraps the error of an RDMAGRPC_* environment variable
+	// whose value cannot be used; the error names the variable, the value
+	// and what is accepted.
+	ErrBadSetting = errors.New("rdmagrpc: bad setting")
 	// ErrCQOverflow is returned by CQ.Poll once completions were lost
 	// because the queue was full; the QPs using it are in ERROR.
 	ErrCQOverflow = errors.New("transport: completion queue overflow")

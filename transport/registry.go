@@ -32,7 +32,11 @@ func Get(name string) (Provider, error) {
 	p, ok := providers[name]
 	mu.RUnlock()
 	if !ok {
-		return nil, fmt.Errorf("transport: provider %q not registered (registered: %v; import its package, e.g. _ \"github.com/rdmagrpc/rdmagrpc/transport/%s\")", name, Providers(), name)
+		hint := "the providers of rdmagrpc are verbs and shm"
+		if name == "verbs" || name == "shm" {
+			hint = fmt.Sprintf(`import its package: import _ "github.com/rdmagrpc/rdmagrpc/transport/%s"`, name)
+		}
+		return nil, fmt.Errorf("transport: provider %q not registered (registered: %v; %s)", name, Providers(), hint)
 	}
 	return p, nil
 }

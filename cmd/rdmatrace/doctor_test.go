@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 
@@ -105,25 +107,132 @@ func TestDoctorFindsProblems(t *testing.T) {
 	}
 }
 
+// No RDMA device is a note, not a problem: shm and TCP work without one.
 func TestDoctorNoDevice(t *testing.T) {
-	out, problems := doctorDevices(t, t.TempDir())
-	if !strings.Contains(out, "none") || len(problems) != 1 || !strings.Contains(problems[0], "rdma link add") {
-		t.Errorf("no device: output %q, problems %q", out, problems)
+	var out strings.Builder
+	r := &report{w: &out}
+	r.devices(verbs.Sysfs(t.TempDir()), "")
+	if !strings.Contains(out.String(), "none") || len(r.problems) != 0 || len(r.notes) != 1 || !strings.Contains(r.notes[0], "rdma link add") {
+		t.Errorf("no device: output %q, problems %q, notes %q", out.String(), r.problems, r.notes)
 	}
 }
 
-// The whole command on this machine: every section is printed and the
-// exit status says whether a problem was found.
+// Device findings are notes where the service runs on shm anyway.
+func TestDoctorProblemsNotesOnShm(t *testing.T) {
+	root := t.TempDir()
+	fakePort(t, root, "mlx5_0", "1: DOWN", "Ethernet", "ens1", 1500, map[string][2]string{
+		"0": {"0000:0000:0000:0000:0000:ffff:c0a8:0001", "RoCE v2"},
+	})
+	var out strings.Builder
+	r := &report{w: &out, provider: "shm"}
+	r.devices(verbs.Sysfs(root), root)
+	if len(r.problems) != 0 || len(r.notes) != 1 || !strings.Contains(r.notes[0], "not ACTIVE") || !strings.Contains(r.notes[0], "the provider is shm") {
+		t.Errorf("a port down where shm is used: problems %q, notes %q", r.problems, r.notes)
+	}
+}
+
+// The whole command on a host without an RDMA device, where shm is what a
+// service uses: every section is printed, no RDMA device is a note, and
+// the exit status is 0 (a readiness check passes).
 func TestDoctorCommand(t *testing.T) {
+	for _, provider := range []string{"shm", "Shm", ""} {
+		t.Run("RDMAGRPC_PROVIDER="+provider, func(t *testing.T) {
+			t.Setenv("RDMAGRPC_PROVIDER", provider)
+			if name, _, err := conn.ProviderChoice(); provider == "" && (err != nil || name != "shm") {
+				t.Skipf("a service here would not use shm: %q, %v", name, err)
+			}
+			var out, errs strings.Builder
+			code := runDoctor([]string{"--sysfs", t.TempDir()}, &out, &errs)
+			for _, want := range []string{"RDMA devices", "memlock (ulimit -l)", "providers (in conn's order of choice):", "shm    device",
+				"settings (RDMAGRPC_*", "provider a service here would use: shm", "notes (", "no RDMA device:", "no problem found"} {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, out.String())
+				}
+			}
+			if code != 0 {
+				t.Errorf("exit status %d with no RDMA device and shm, want 0:\n%s", code, out.String())
+			}
+		})
+	}
+}
+
+// A provider that cannot be had fails the check, with the reason: a bad
+// value, and a provider named that is not here.
+func TestDoctorBadProvider(t *testing.T) {
+	t.Setenv("RDMAGRPC_PROVIDER", "bogus")
+	t.Setenv("RDMAGRPC_PROVDER", "shm")
 	var out, errs strings.Builder
 	code := runDoctor([]string{"--sysfs", t.TempDir()}, &out, &errs)
-	for _, want := range []string{"RDMA devices", "memlock (ulimit -l)", "providers (in conn's order of choice):", "shm    device", "settings:", "problems ("} {
+	for _, want := range []string{
+		`RDMAGRPC_PROVIDER=bogus  BAD: RDMAGRPC_PROVIDER="bogus": want verbs or shm`,
+		"provider a service here would use: none",
+		"problems (1):",
+		"did you mean RDMAGRPC_PROVIDER?",
+	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
 	if code != 1 {
-		t.Errorf("exit status %d with no RDMA device, want 1", code)
+		t.Errorf("exit status %d with RDMAGRPC_PROVIDER=bogus, want 1", code)
+	}
+	if _, err := transport.Get("verbs"); err != nil {
+		t.Skip("verbs not in this binary")
+	}
+	if _, _, err := conn.ProviderChoice(); err == nil {
+		t.Skip("verbs is usable here")
+	}
+	t.Setenv("RDMAGRPC_PROVIDER", "VERBS")
+	out.Reset()
+	code = runDoctor([]string{"--sysfs", t.TempDir()}, &out, &errs)
+	if code != 1 || !strings.Contains(out.String(), "problems (1):\n  - Listen and Dial fail here: ") {
+		t.Errorf("RDMAGRPC_PROVIDER=VERBS without a usable device: exit %d\n%s", code, out.String())
+	}
+}
+
+// --json prints one object that parses back, and says what the report
+// says.
+func TestDoctorJSON(t *testing.T) {
+	root := t.TempDir()
+	fakePort(t, root, "rxe0", "4: ACTIVE", "Ethernet", "eth0", 1500, map[string][2]string{
+		"1": {"0000:0000:0000:0000:0000:ffff:0a00:020f", "RoCE v2"},
+	})
+	t.Setenv("RDMAGRPC_PROVIDER", "shm")
+	t.Setenv("RDMAGRPC_VERBS_TC", "abc")
+	var out, errs strings.Builder
+	code := runDoctor([]string{"--json", "--sysfs", root}, &out, &errs)
+	var j jsonDoctor
+	if err := json.Unmarshal([]byte(out.String()), &j); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	if code != 1 || j.OK || j.Type != "doctor" || len(j.Problems) != 1 || !strings.Contains(j.Problems[0], `RDMAGRPC_VERBS_TC="abc"`) {
+		t.Errorf("exit %d, %+v", code, j)
+	}
+	if !strings.Contains(j.Provider.Error, "bad setting") || j.Provider.Name != "" {
+		t.Errorf("provider: %+v", j.Provider)
+	}
+	var tc *jsonSetting
+	for i := range j.Settings {
+		if j.Settings[i].Name == "RDMAGRPC_VERBS_TC" {
+			tc = &j.Settings[i]
+		}
+	}
+	if tc == nil || !tc.Set || tc.Value != "abc" || tc.Severity != "error" || tc.Kind != "library" || tc.Meaning == "" {
+		t.Errorf("RDMAGRPC_VERBS_TC: %+v", tc)
+	}
+	if len(j.Devices) != 1 || j.Devices[0].Name != "rxe0" || j.Devices[0].Ports[0].GIDs[0].Addr != "10.0.2.15" {
+		t.Errorf("devices: %+v", j.Devices)
+	}
+
+	t.Setenv("RDMAGRPC_VERBS_TC", "")
+	out.Reset()
+	code = runDoctor([]string{"--json", "--sysfs", t.TempDir()}, &out, &errs)
+	j = jsonDoctor{}
+	if err := json.Unmarshal([]byte(out.String()), &j); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	if code != 0 || !j.OK || j.Provider.Name != "shm" || j.Provider.Reason != "RDMAGRPC_PROVIDER" || len(j.Problems) != 0 || len(j.Notes) == 0 || j.Devices == nil {
+		t.Errorf("shm on a host without a device: exit %d, %+v", code, j)
 	}
 }
 

@@ -80,6 +80,61 @@ type jsonTotals struct {
 	Duration string `json:"duration"`
 }
 
+// jsonDoctor is rdmatrace doctor --json: the whole report, one object.
+type jsonDoctor struct {
+	Type     string        `json:"type"` // "doctor"
+	OK       bool          `json:"ok"`   // no problem: the exit status is 0
+	Provider jsonChoice    `json:"provider"`
+	Settings []jsonSetting `json:"settings"`
+	Devices  []jsonDevice  `json:"devices"`
+	Problems []string      `json:"problems"`
+	Notes    []string      `json:"notes"`
+}
+
+// jsonChoice is the provider a service on the host would use and why,
+// or the error its Listen and Dial would return.
+type jsonChoice struct {
+	Name   string `json:"name,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// jsonSetting is one RDMAGRPC_* variable: every library setting, set or
+// not, then those set that are tools' or unknown.
+type jsonSetting struct {
+	Name     string `json:"name"`
+	Value    string `json:"value"`
+	Set      bool   `json:"set"`
+	Kind     string `json:"kind"` // library, tool, unknown
+	Meaning  string `json:"meaning,omitempty"`
+	Problem  string `json:"problem,omitempty"`
+	Severity string `json:"severity,omitempty"` // error (a bad value), warning (an unknown name)
+}
+
+type jsonDevice struct {
+	Name     string     `json:"name"`
+	NodeType string     `json:"node_type"`
+	FW       string     `json:"firmware"`
+	Ports    []jsonPort `json:"ports"`
+}
+
+type jsonPort struct {
+	Num       int            `json:"port"`
+	State     string         `json:"state"`
+	PhysState string         `json:"phys_state"`
+	LinkLayer string         `json:"link_layer"`
+	Rate      string         `json:"rate"`
+	GIDs      []jsonGID      `json:"gids"`
+	NetdevMTU map[string]int `json:"netdev_mtu,omitempty"`
+}
+
+type jsonGID struct {
+	Index  int    `json:"index"`
+	Addr   string `json:"addr"`
+	Type   string `json:"type"`
+	Netdev string `json:"netdev"`
+}
+
 func runJSON(ctx context.Context, tr *bpf.Tracer, cfg config) error {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()

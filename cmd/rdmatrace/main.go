@@ -44,7 +44,8 @@ What is traced:
 
 Usage:
   sudo rdmatrace [flags]          the live view (plain lines when stdout is not a terminal)
-  rdmatrace doctor [flags]        check this machine for rdmagrpc over RDMA (rdmatrace doctor --help)
+  rdmatrace doctor [flags]        check this machine and the RDMAGRPC_* settings for rdmagrpc;
+                                  exit 0 when a service would work here, --json (rdmatrace doctor --help)
   rdmatrace conns [flags]         list open rdmagrpc connections, as ss lists sockets (rdmatrace conns --help)
 
 Flags:

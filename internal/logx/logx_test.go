@@ -45,3 +45,25 @@ func TestSet(t *testing.T) {
 		t.Fatal("Set(nil) did not restore the discarding logger")
 	}
 }
+
+// Warn reaches standard error when no logger was set, and the logger
+// otherwise.
+func TestWarn(t *testing.T) {
+	defer Set(nil)
+	var errOut bytes.Buffer
+	real := stderr
+	stderr = &errOut
+	defer func() { stderr = real }()
+	Set(nil)
+	Warn("a setting is misspelled", "name", "RDMAGRPC_PROVDER")
+	if !strings.Contains(errOut.String(), "level=WARN") || !strings.Contains(errOut.String(), "name=RDMAGRPC_PROVDER") {
+		t.Fatalf("with the default logger, stderr got %q", errOut.String())
+	}
+	errOut.Reset()
+	var buf bytes.Buffer
+	Set(slog.New(slog.NewTextHandler(&buf, nil)))
+	Warn("a setting is misspelled")
+	if errOut.Len() != 0 || !strings.Contains(buf.String(), "a setting is misspelled") {
+		t.Fatalf("with a logger set: stderr %q, logger %q", errOut.String(), buf.String())
+	}
+}

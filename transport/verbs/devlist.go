@@ -1,9 +1,10 @@
 package verbs
 
 import (
-	"os"
 	"strconv"
 	"strings"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/settings"
 )
 
 // DevicesEnv restricts the devices and ports rdmagrpc's connections may
@@ -15,7 +16,7 @@ import (
 // connection whose route goes through a device or port not allowed fails
 // with an error that says so (rdma_cm routes by address: pick the
 // addresses of the devices you want). Read at Open.
-const DevicesEnv = "RDMAGRPC_VERBS_DEVICES"
+const DevicesEnv = settings.VerbsDevices
 
 // devList is a parsed DevicesEnv; the zero value allows everything.
 type devList struct {
@@ -29,40 +30,18 @@ type devEntry struct {
 }
 
 func readDevList() (devList, error) {
-	v, ok := os.LookupEnv(DevicesEnv)
-	if !ok {
-		return devList{}, nil
-	}
+	v, _ := settings.Get(DevicesEnv)
 	return parseDevList(v)
 }
 
 func parseDevList(v string) (devList, error) {
-	var l devList
-	s := strings.TrimSpace(v)
-	if rest, ok := strings.CutPrefix(s, "^"); ok {
-		l.exclude, s = true, rest
+	d, err := settings.ParseDevices(v)
+	if err != nil {
+		return devList{}, badSetting(err)
 	}
-	if s == "" {
-		if l.exclude {
-			return l, unusable("%s=%q: nothing after ^", DevicesEnv, v)
-		}
-		return l, nil
-	}
-	for item := range strings.SplitSeq(s, ",") {
-		item = strings.TrimSpace(item)
-		name, port, hasPort := strings.Cut(item, ":")
-		e := devEntry{name: name}
-		if hasPort {
-			n, err := strconv.Atoi(port)
-			if err != nil || n < 1 || n > 255 {
-				return l, unusable("%s=%q: %q: a port is a number from 1 to 255", DevicesEnv, v, item)
-			}
-			e.port = n
-		}
-		if e.name == "" {
-			return l, unusable("%s=%q: an empty device name", DevicesEnv, v)
-		}
-		l.entries = append(l.entries, e)
+	l := devList{exclude: d.Exclude}
+	for _, e := range d.Entries {
+		l.entries = append(l.entries, devEntry{name: e.Name, port: e.Port})
 	}
 	return l, nil
 }

@@ -31,6 +31,13 @@ func unusable(format string, args ...any) error {
 	return fmt.Errorf("verbs: %s: %w", fmt.Sprintf(format, args...), transport.ErrUnusable)
 }
 
+// badSetting is an RDMAGRPC_VERBS_* setting's error (settings): an
+// ErrUnusable too, as a device that was configured must not be passed
+// over for shm.
+func badSetting(err error) error {
+	return fmt.Errorf("verbs: %w: %w", err, transport.ErrUnusable)
+}
+
 // diagnose checks, before libibverbs is even loaded, that the kernel side
 // of RDMA is present and usable, and names the first missing piece. The
 // libraries come next (load): a node with no RDMA device is told so, not

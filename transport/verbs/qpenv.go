@@ -1,10 +1,6 @@
 package verbs
 
-import (
-	"os"
-	"strconv"
-	"strings"
-)
+import "github.com/rdmagrpc/rdmagrpc/internal/settings"
 
 // Environment overrides of the reliable-connection attributes
 // (qpattr.go), named after the knobs operators of RoCE fabrics already
@@ -14,30 +10,30 @@ import (
 const (
 	// TimeoutEnv: the local ACK timeout exponent t, 4.096 µs × 2^t
 	// (0–31; default 14, ≈ 67 ms). A long lossy path wants more.
-	TimeoutEnv = "RDMAGRPC_VERBS_TIMEOUT"
+	TimeoutEnv = settings.VerbsTimeout
 	// RetryCountEnv: transport retries before "retry counter exceeded"
 	// (0–7; default 7).
-	RetryCountEnv = "RDMAGRPC_VERBS_RETRY_CNT"
+	RetryCountEnv = settings.VerbsRetryCnt
 	// RNRRetryEnv: receiver-not-ready retries (0–7, 7 meaning forever;
 	// default 6).
-	RNRRetryEnv = "RDMAGRPC_VERBS_RNR_RETRY"
+	RNRRetryEnv = settings.VerbsRNRRetry
 	// MinRNRTimerEnv: the RNR NAK timer a receiver asks its sender to
 	// wait before a retry, as the IB code (1–31: 1 is 10 µs, 14 the
 	// default 1.28 ms, 31 is 491.52 ms; 0 is 655.36 ms).
-	MinRNRTimerEnv = "RDMAGRPC_VERBS_MIN_RNR_TIMER"
+	MinRNRTimerEnv = settings.VerbsMinRNR
 	// ServiceLevelEnv: the service level of the address vector (0–15;
 	// default: rdma_cm's, from the path record on InfiniBand, 0 on
 	// RoCE, where drivers map it to the 802.1p priority), as NCCL_IB_SL.
-	ServiceLevelEnv = "RDMAGRPC_VERBS_SL"
+	ServiceLevelEnv = settings.VerbsSL
 	// GIDIndexEnv: the source GID index (0–255; default: the one
 	// rdma_cm picks for the address), as NCCL_IB_GID_INDEX. Both ends of
 	// a connection must use GIDs of the same RoCE version.
-	GIDIndexEnv = "RDMAGRPC_VERBS_GID_INDEX"
+	GIDIndexEnv = settings.VerbsGIDIndex
 	// RoCEVersionEnv: 1 or 2, the RoCE version of the source GID: the
 	// GID of the address rdma_cm picked, in the table entry of that
 	// version (default: rdma_cm's, which follows the kernel's
 	// default_roce_mode, normally v2). GIDIndexEnv wins over it.
-	RoCEVersionEnv = "RDMAGRPC_VERBS_ROCE_VERSION"
+	RoCEVersionEnv = settings.VerbsRoCEVer
 )
 
 // qpEnv holds the overrides; -1: unset.
@@ -46,22 +42,19 @@ type qpEnv struct{ timeout, retry, rnr, rnrTimer, sl, gidIndex, roce int }
 func readQPEnv() (qpEnv, error) {
 	e := qpEnv{-1, -1, -1, -1, -1, -1, -1}
 	for _, x := range []struct {
-		name     string
-		min, max uint64
-		dst      *int
+		name string
+		dst  *int
 	}{
-		{TimeoutEnv, 0, 31, &e.timeout}, {RetryCountEnv, 0, 7, &e.retry}, {RNRRetryEnv, 0, 7, &e.rnr}, {MinRNRTimerEnv, 0, 31, &e.rnrTimer},
-		{ServiceLevelEnv, 0, 15, &e.sl}, {GIDIndexEnv, 0, 255, &e.gidIndex}, {RoCEVersionEnv, 1, 2, &e.roce},
+		{TimeoutEnv, &e.timeout}, {RetryCountEnv, &e.retry}, {RNRRetryEnv, &e.rnr}, {MinRNRTimerEnv, &e.rnrTimer},
+		{ServiceLevelEnv, &e.sl}, {GIDIndexEnv, &e.gidIndex}, {RoCEVersionEnv, &e.roce},
 	} {
-		v, ok := os.LookupEnv(x.name)
-		if !ok || strings.TrimSpace(v) == "" {
-			continue
+		n, set, err := settings.Range(x.name)
+		if err != nil {
+			return e, badSetting(err)
 		}
-		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 8)
-		if err != nil || n < x.min || n > x.max {
-			return e, unusable("%s=%q: want a number from %d to %d", x.name, v, x.min, x.max)
+		if set {
+			*x.dst = n
 		}
-		*x.dst = int(n)
 	}
 	return e, nil
 }
