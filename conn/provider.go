@@ -21,6 +21,10 @@ var (
 	devices = map[string]transport.Device{}
 )
 
+// verbsLinked reports whether the program imported transport/verbs; tests
+// replace it to play a program that did not.
+var verbsLinked = func() bool { return transport.Registered("verbs") }
+
 // openDevice is device; tests replace it to play a broken device.
 var openDevice = device
 
@@ -126,8 +130,8 @@ func chooseProvider(o *options) (string, transport.Device, error) {
 		name, why = env, settings.Provider
 	}
 	if name == "" {
-		name, why = "shm", "no RDMA device"
-		if transport.Registered("verbs") {
+		name, why = "shm", `no RDMA provider in this program (import _ "github.com/rdmagrpc/rdmagrpc/transport/verbs" to use RDMA devices)`
+		if verbsLinked() {
 			_, err := openDevice("verbs")
 			switch {
 			case err == nil:

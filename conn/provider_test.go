@@ -54,6 +54,32 @@ func TestProviderChoiceBrokenDevice(t *testing.T) {
 	}
 }
 
+// A program that did not import transport/verbs is told so, not that
+// the host has no RDMA device.
+func TestProviderReasonWithoutVerbs(t *testing.T) {
+	t.Setenv("RDMAGRPC_PROVIDER", "")
+	real := verbsLinked
+	t.Cleanup(func() { verbsLinked = real })
+	verbsLinked = func() bool { return false }
+	l, err := Listen(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := Dial(context.Background(), l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.(*Conn).Handshake(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s := c.(*Conn).Stats()
+	if s.Provider != "shm" || !strings.Contains(s.ProviderReason, "no RDMA provider in this program") || !strings.Contains(s.ProviderReason, "transport/verbs") {
+		t.Fatalf("provider %q, reason %q: want shm, and that transport/verbs was not imported", s.Provider, s.ProviderReason)
+	}
+}
+
 // Over shm a connection lives on the device of its peer process (shm's
 // per-peer isolation), on both ends.
 func TestShmConnectionOnPeerDevice(t *testing.T) {
