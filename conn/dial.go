@@ -14,7 +14,6 @@ import (
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
-	"github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 // setup applies the options and opens the chosen provider's device.
@@ -181,10 +180,10 @@ func rejected(err error) error {
 	if isBacklogFull(rej.Private) {
 		return fmt.Errorf("%w: %w", ErrBacklogFull, err)
 	}
-	if why, ok := bytes.CutPrefix(rej.Private, shm.PeerRefusedMagic); ok {
+	if why, ok := bytes.CutPrefix(rej.Private, transport.RejectPeerRefused); ok {
 		return fmt.Errorf("%w (%s): %w", ErrPeerRefused, bytes.TrimRight(why, "\x00"), err)
 	}
-	if why, ok := bytes.CutPrefix(rej.Private, shm.ListenerFailedMagic); ok {
+	if why, ok := bytes.CutPrefix(rej.Private, transport.RejectListenerFailed); ok {
 		return fmt.Errorf("conn: the listener could not take the connection (%s): %w", bytes.TrimRight(why, "\x00"), err)
 	}
 	return err
@@ -331,7 +330,7 @@ func (l *Listener) admit(req transport.ConnRequest) bool {
 	default:
 		// Full: refuse now, so the dialer learns it at once rather
 		// than at its time-out, and nothing is set up for it.
-		req.Reject(backlogFullMagic)
+		req.Reject(transport.RejectBacklogFull)
 		l.refused(req, ErrBacklogFull)
 		return false
 	}
@@ -446,7 +445,6 @@ var ErrListenerRefused = transport.ErrListenerRefused
 // later dial may succeed.
 var ErrBacklogFull = errors.New("conn: the listener's accept backlog is full (it accepts more slowly than it is dialed)")
 
-// A refusal for a full backlog carries this reason in its private data.
-var backlogFullMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'b', 'l', 'o', 'g'}
-
-func isBacklogFull(private []byte) bool { return bytes.HasPrefix(private, backlogFullMagic) }
+func isBacklogFull(private []byte) bool {
+	return bytes.HasPrefix(private, transport.RejectBacklogFull)
+}

@@ -14,7 +14,6 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
-	"github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 // A dial to a server known to offer RDMA returns once its request is in
@@ -76,7 +75,7 @@ func TestKnownServerDialReturnsBeforeTheAnswer(t *testing.T) {
 			if err != nil {
 				return
 			}
-			r.Reject(backlogFullMagic)
+			r.Reject(transport.RejectBacklogFull)
 		}
 	}()
 	_, err = nc.Write([]byte("x"))
@@ -247,10 +246,10 @@ func TestFinalRefusals(t *testing.T) {
 		private []byte
 		final   bool
 	}{
-		{backlogFullMagic, true},
-		{append(slices.Clone(shm.PeerRefusedMagic), "uid 7"...), true},
+		{transport.RejectBacklogFull, true},
+		{append(slices.Clone(transport.RejectPeerRefused), "uid 7"...), true},
 		{nil, true},
-		{append(slices.Clone(shm.ListenerFailedMagic), "out of descriptors"...), false},
+		{append(slices.Clone(transport.RejectListenerFailed), "out of descriptors"...), false},
 	} {
 		err := fmt.Errorf("dial: %w", &transport.RejectError{Private: tc.private})
 		if got := final(t.Context(), err); got != tc.final {

@@ -54,7 +54,6 @@ import (
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
-	"github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 const (
@@ -538,7 +537,7 @@ func final(ctx context.Context, err error) bool {
 	}
 	// A listener that could not take the connection (out of descriptors)
 	// may still take it over TCP, which costs it one.
-	return errors.As(err, &rej) && !bytes.HasPrefix(rej.Private, shm.ListenerFailedMagic)
+	return errors.As(err, &rej) && !bytes.HasPrefix(rej.Private, transport.RejectListenerFailed)
 }
 
 // ctxErr prefers the context's error to the deadline it set on the socket.

@@ -110,8 +110,8 @@ func checkRejectBacklog(t *testing.T, v *protodoc.Vector) {
 	if v.String(t, "reason") != "backlog full" {
 		t.Errorf("reason: the vector is the backlog's")
 	}
-	if !bytes.Equal(backlogFullMagic, v.Bytes) {
-		t.Errorf("backlogFullMagic = %x, doc says %x", backlogFullMagic, v.Bytes)
+	if !bytes.Equal(transport.RejectBacklogFull, v.Bytes) {
+		t.Errorf("transport.RejectBacklogFull = %x, doc says %x", transport.RejectBacklogFull, v.Bytes)
 	}
 	if !isBacklogFull(transport.PadPrivate(v.Bytes, transport.PrivateLenReject)) {
 		t.Errorf("isBacklogFull does not take the doc's reject")

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -505,22 +504,16 @@ func (l *listener) checkPeer(cred *unix.Ucred) error {
 	return check(int(cred.Pid), int(cred.Uid), int(cred.Gid))
 }
 
-// PeerRefusedMagic starts the private data of a reject for a peer the
-// listener's check refused; the reason follows, cut to what fits.
-var PeerRefusedMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'p', 'e', 'e', 'r', ':'}
+// peerRefusal is the private data of a reject for a peer the listener's
+// check refused.
+func peerRefusal(err error) []byte {
+	return transport.RejectWith(transport.RejectPeerRefused, err, maxPrivate)
+}
 
-func peerRefusal(err error) []byte { return withReason(PeerRefusedMagic, err) }
-
-// ListenerFailedMagic starts the private data of a reject for a request
-// the listener could not take (it ran out of descriptors); the reason
-// follows, cut to what fits.
-var ListenerFailedMagic = []byte{'R', 'D', 'M', 'G', 0xff, 'f', 'a', 'i', 'l', ':'}
-
-func listenerFailure(err error) []byte { return withReason(ListenerFailedMagic, err) }
-
-func withReason(magic []byte, err error) []byte {
-	b := append(slices.Clone(magic), err.Error()...)
-	return b[:min(len(b), maxPrivate)]
+// listenerFailure is the private data of a reject for a request the
+// listener could not take (it ran out of descriptors).
+func listenerFailure(err error) []byte {
+	return transport.RejectWith(transport.RejectListenerFailed, err, maxPrivate)
 }
 
 // connReq is a connect request waiting for Accept or Reject.

@@ -501,7 +501,7 @@ func rawSocket(t *testing.T, l transport.Listener, n int) (*net.UnixConn, []int)
 // could not take the connection, and why.
 func wantListenerFailed(t *testing.T, b []byte, why string) {
 	t.Helper()
-	if len(b) < 2 || b[0] != msgReject || !bytes.HasPrefix(b[2:], ListenerFailedMagic) {
+	if len(b) < 2 || b[0] != msgReject || !bytes.HasPrefix(b[2:], transport.RejectListenerFailed) {
 		t.Fatalf("answer %q, want a reject that says the listener failed", b)
 	}
 	if !bytes.Contains(b, []byte(why)) {

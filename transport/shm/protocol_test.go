@@ -107,8 +107,8 @@ func checkReject(t *testing.T, v *protodoc.Vector) {
 	if got := decodeReject(v.Bytes); !bytes.Equal(got, private) {
 		t.Errorf("decodeReject = %q, doc says %q", got, private)
 	}
-	if len(private) > 0 && !bytes.HasPrefix(private, PeerRefusedMagic) {
-		t.Errorf("private data %q: the vector is meant to show PeerRefusedMagic", private)
+	if len(private) > 0 && !bytes.HasPrefix(private, transport.RejectPeerRefused) {
+		t.Errorf("private data %q: the vector is meant to show transport.RejectPeerRefused", private)
 	}
 }
 
