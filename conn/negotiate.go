@@ -129,8 +129,10 @@ func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
 			return buf[:n], 0, 0, err
 		}
 	}
-	if _, err := io.ReadFull(r, buf[len(h2Preface):]); err != nil {
-		return buf[:len(h2Preface)], 0, 0, err // a partial frame header is lost with the client
+	if n, err := io.ReadFull(r, buf[len(h2Preface):]); err != nil {
+		// Every byte taken is replayed to whoever gets the connection
+		// (a client that paused mid-header, past sniffTimeout).
+		return buf[:len(h2Preface)+n], 0, 0, err
 	}
 	h := buf[len(h2Preface):]
 	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
@@ -138,8 +140,8 @@ func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
 		return buf, 0, 0, nil
 	}
 	payload := make([]byte, length)
-	if _, err := io.ReadFull(r, payload); err != nil {
-		return buf, 0, 0, err
+	if n, err := io.ReadFull(r, payload); err != nil {
+		return append(buf, payload[:n]...), 0, 0, err
 	}
 	read = append(buf, payload...)
 	for p := payload; len(p) >= 6; p = p[6:] {
