@@ -141,6 +141,9 @@ func NegotiateOn(ctx context.Context, c net.Conn, provider string) (*Negotiation
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("negotiation: %w (read %q)", ctx.Err(), head[:got])
 			}
+			if dl, ok := ctx.Deadline(); ok && isTimeout(err) && !time.Now().Before(dl) {
+				return nil, fmt.Errorf("negotiation: %w (read %q)", context.DeadlineExceeded, head[:got])
+			}
 			if errors.Is(err, io.EOF) {
 				return nil, fmt.Errorf("negotiation: connection ended after %d bytes %q", got, head[:got])
 			}

@@ -1,0 +1,321 @@
+package indep
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/conn"
+)
+
+func unhex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(strings.Join(strings.Fields(s), ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The encoders against the document's own vectors (section 6).
+func TestVectors(t *testing.T) {
+	if got, want := ClientStart("shm"), unhex(t, "505249202a20485454502f322e300d0a0d0a534d0d0a0d0a 00000c0400 00000000 f0d352444701 f0d4e12ded49"); !bytes.Equal(got, want) {
+		t.Errorf("client-start-shm: %x, want %x", got, want)
+	}
+	if got := ProviderCode("verbs"); got != 0xbc961429 {
+		t.Errorf("FNV-1a(verbs) = %#x", got)
+	}
+	r, _ := Reply('R', "127.0.0.1:50051")
+	if want := unhex(t, "52444d47 01 52 000f 3132372e302e302e313a3530303531"); !bytes.Equal(r, want) {
+		t.Errorf("reply-rdma: %x, want %x", r, want)
+	}
+	h := Hello{RingAddr: 0x00007f5a3c200000, RingRkey: 0x1a01, SlotSize: 1024, SlotCount: 4, Flags: 1}
+	if got, want := h.Encode(), unhex(t, "52444d47 03 00007f5a3c200000 00001a01 00000400 00000004 01"); !bytes.Equal(got, want) {
+		t.Errorf("hello-shm: %x, want %x", got, want)
+	}
+	connect := unhex(t, `01 03 07000000 03000000 2b000000 01000000 72000000
+		0010000000000000 4020000000000000 0500000000000000 efcdab8967452301
+		00000000000000000000ffff7f000001 0180
+		1a 52444d470300007f5a3c20000000001a01000004000000000401 00 00`)
+	q, err := DecodeQPInfo(connect)
+	if err != nil {
+		t.Fatalf("shm-connect: %v", err)
+	}
+	if q.Num != 7 || q.PD != 3 || q.RecvCap != 43 || q.CQCap != 114 || q.RingOff != 0x1000 || q.CQOff != 0x2040 ||
+		q.CQID != 5 || q.Token != 0x0123456789abcdef || q.Addr().String() != "127.0.0.1:32769" || len(q.Private) != 26 {
+		t.Errorf("shm-connect decoded as %+v (addr %v)", q, q.Addr())
+	}
+	if got := q.Encode(); !bytes.Equal(got, connect) {
+		t.Errorf("shm-connect re-encoded: %x, want %x", got, connect)
+	}
+	named := unhex(t, `02 03 09000000 04000000 2b000000 01000000 72000000
+		0030000000000000 4000000000000000 0200000000000000 1032547698badcfe
+		00000000000000000000ffff7f000001 83c3
+		1a 52444d470300007f5a3c20000000001a01000004000000000401
+		03 00 0a00010000000000 0b00010000000000 0c00010000000000`)
+	q, err = DecodeQPInfo(named)
+	if err != nil || q.Flags != 3 || q.Ctl != [3]uint64{0x1000a, 0x1000b, 0x1000c} || q.Addr().Port() != 50051 {
+		t.Errorf("shm-accept-named: %+v, %v", q, err)
+	}
+	imm := Imm{Kind: 0, Credits: 2, Length: 512}.Encode()
+	if imm != 0x00200200 {
+		t.Errorf("imm-data-small: %#x", imm)
+	}
+	if d := DecodeImm(0xf0200031); d != (Imm{Kind: 7, Ring: 1, Credits: 2, Length: 49}) {
+		t.Errorf("imm-record-large: %+v", d)
+	}
+	names, _ := ShmNames("127.0.0.1:50051")
+	if names[0] != "rdmagrpc-shm/127.0.0.1:50051" || names[1] != "rdmagrpc-shm/*:50051" {
+		t.Errorf("names: %q", names)
+	}
+	names, _ = ShmNames("[::ffff:127.0.0.1]:7")
+	if names[0] != "rdmagrpc-shm/127.0.0.1:7" {
+		t.Errorf("mapped names: %q", names)
+	}
+}
+
+func listenShm(t *testing.T) (net.Listener, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ln, err := conn.Listen(ctx, "127.0.0.1:0", conn.WithProvider("shm"))
+	if err != nil {
+		t.Fatalf("conn.Listen: %v", err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln, ln.Addr().String()
+}
+
+type accepted struct {
+	c   net.Conn
+	err error
+}
+
+func acceptAsync(ln net.Listener) <-chan accepted {
+	ch := make(chan accepted, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- accepted{c, err}
+	}()
+	return ch
+}
+
+// Our negotiation client against conn.Listen: an offer, parsed per 2.4.
+func TestNegotiationClientGetsOffer(t *testing.T) {
+	ln, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Negotiate(ctx, addr, "shm")
+	if err != nil {
+		t.Fatalf("step negotiate against conn.Listen at %s: %v", addr, err)
+	}
+	defer n.Conn.Close()
+	if n.Outcome != Offer {
+		t.Fatalf("step reply: outcome %v payload %q, want an offer", n.Outcome, n.Payload)
+	}
+	host, port, err := net.SplitHostPort(n.Payload)
+	if err != nil || host != "127.0.0.1" {
+		t.Fatalf("step offer address: %q (host %q, %v), want the local IP 127.0.0.1 we reached", n.Payload, host, err)
+	}
+	if _, err := strconv.Atoi(port); err != nil {
+		t.Fatalf("offer port %q: %v", port, err)
+	}
+	_, lnPort, _ := net.SplitHostPort(addr)
+	t.Logf("offer %q (TCP side port %s)", n.Payload, lnPort)
+
+	// A failed upgrade: send 'T'; the listener hands the connection to its
+	// application (Accept returns a TCP connection).
+	acc := acceptAsync(ln)
+	if err := n.SendStayTCP(); err != nil {
+		t.Fatalf("send T: %v", err)
+	}
+	select {
+	case a := <-acc:
+		if a.err != nil {
+			t.Fatalf("Accept after T: %v", a.err)
+		}
+		defer a.c.Close()
+		cc, ok := a.c.(*conn.Conn)
+		if !ok {
+			t.Fatalf("Accept returned %T", a.c)
+		}
+		if p := cc.Stats().Provider; p != "tcp" {
+			t.Fatalf("after T, provider %q, want tcp", p)
+		}
+		// Section 2.5: the server's application receives the client start
+		// as the start of the stream, then what follows the T byte.
+		if _, err := n.Conn.Write([]byte("after-T")); err != nil {
+			t.Fatal(err)
+		}
+		a.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		want := append(ClientStart("shm"), "after-T"...)
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(a.c, got); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("stream after T: %q, %v; want %q", got, err, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Accept did not return after T")
+	}
+}
+
+// Provider codes differ: the listener replies 'T' (2.6 step 4).
+func TestNegotiationClientOtherProvider(t *testing.T) {
+	_, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Negotiate(ctx, addr, "verbs")
+	if err != nil {
+		t.Fatalf("negotiate: %v", err)
+	}
+	defer n.Conn.Close()
+	if n.Outcome != StayTCP {
+		t.Fatalf("outcome %v payload %q, want stay-tcp", n.Outcome, n.Payload)
+	}
+	t.Logf("reason: %q", n.Payload)
+}
+
+// Plain servers (2.5 case 2 and 3).
+func TestNegotiationClientPlainServer(t *testing.T) {
+	serve := func(t *testing.T, greeting []byte, closeAfter bool) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.Write(greeting)
+			if closeAfter {
+				return
+			}
+			io.Copy(io.Discard, c)
+		}()
+		return ln.Addr().String()
+	}
+	ctx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 2*time.Second)
+	}
+
+	t.Run("http2-settings", func(t *testing.T) {
+		settings := []byte{0, 0, 0, 4, 0, 0, 0, 0, 0}
+		c, cancel := ctx()
+		defer cancel()
+		n, err := Negotiate(c, serve(t, settings, false), "shm")
+		if err != nil {
+			t.Fatalf("negotiate: %v", err)
+		}
+		defer n.Conn.Close()
+		if n.Outcome != PlainServer || !bytes.Equal(n.Leftover, settings[:4]) {
+			t.Fatalf("outcome %v leftover %x, want plain-server with %x", n.Outcome, n.Leftover, settings[:4])
+		}
+		rest := make([]byte, 5)
+		if _, err := io.ReadFull(n.Conn, rest); err != nil || !bytes.Equal(rest, settings[4:]) {
+			t.Fatalf("rest of the server stream: %x %v", rest, err)
+		}
+	})
+	t.Run("other-protocol", func(t *testing.T) {
+		c, cancel := ctx()
+		defer cancel()
+		n, err := Negotiate(c, serve(t, []byte("SSH-2.0-x\r\n"), false), "shm")
+		if err != nil {
+			t.Fatalf("negotiate: %v", err)
+		}
+		defer n.Conn.Close()
+		if n.Outcome != PlainServer || string(n.Leftover) != "SSH-" {
+			t.Fatalf("outcome %v leftover %q", n.Outcome, n.Leftover)
+		}
+	})
+	// A server that accepts and says nothing: the document gives no
+	// time-out but the dial's context, and the dial then fails (2.5, 2.6
+	// timing table); it does not stay on TCP.
+	t.Run("silent", func(t *testing.T) {
+		c, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		n, err := Negotiate(c, serve(t, nil, false), "shm")
+		if err == nil {
+			n.Conn.Close()
+			t.Fatalf("silent server: outcome %v, want the dial to fail at the context's end", n.Outcome)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("silent server: %v, want a context deadline error", err)
+		}
+	})
+	t.Run("closes-silently", func(t *testing.T) {
+		c, cancel := ctx()
+		defer cancel()
+		n, err := Negotiate(c, serve(t, nil, true), "shm")
+		if err == nil {
+			n.Conn.Close()
+			t.Fatalf("closing server: outcome %v, want failure (2.5 case 3)", n.Outcome)
+		}
+	})
+	t.Run("closes-inside-RDMG", func(t *testing.T) {
+		c, cancel := ctx()
+		defer cancel()
+		n, err := Negotiate(c, serve(t, []byte("RD"), true), "shm")
+		if err == nil {
+			n.Conn.Close()
+			t.Fatalf("\"RD\" then close: outcome %v, want failure (2.5 case 3)", n.Outcome)
+		}
+	})
+	t.Run("bad-version", func(t *testing.T) {
+		c, cancel := ctx()
+		defer cancel()
+		n, err := Negotiate(c, serve(t, []byte("RDMG\x02R\x00\x00"), false), "shm")
+		if err == nil {
+			n.Conn.Close()
+			t.Fatalf("version 2: outcome %v, want failure (2.5, W1)", n.Outcome)
+		}
+	})
+}
+
+// Our shm set-up against conn.Listen: Accept returns an shm connection.
+func TestShmSetupAgainstListener(t *testing.T) {
+	ln, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Negotiate(ctx, addr, "shm")
+	if err != nil || n.Outcome != Offer {
+		t.Fatalf("step negotiate: %v %+v", err, n)
+	}
+	acc := acceptAsync(ln)
+	sc, err := DialShm(ctx, n.Payload, ShmConfig{})
+	if err != nil {
+		n.SendStayTCP()
+		n.Conn.Close()
+		t.Fatalf("step shm dial of offered %q: %v", n.Payload, err)
+	}
+	defer sc.Close()
+	CloseReset(n.Conn)
+	t.Logf("connected to %q; listener QP info %+v; hello %+v; accept flags %#x, sent ready %v",
+		sc.SocketName(), sc.Peer, sc.PeerHello, sc.AcceptFlag, sc.SentReady)
+	select {
+	case a := <-acc:
+		if a.err != nil {
+			t.Fatalf("step Accept: %v", a.err)
+		}
+		defer a.c.Close()
+		cc, ok := a.c.(*conn.Conn)
+		if !ok {
+			t.Fatalf("step Accept: %T", a.c)
+		}
+		if p := cc.Stats().Provider; p != "shm" {
+			t.Fatalf("step Accept: provider %q, want shm", p)
+		}
+		t.Logf("accepted: local %v remote %v", a.c.LocalAddr(), a.c.RemoteAddr())
+	case <-time.After(5 * time.Second):
+		mr, w, e, closed := sc.Counters()
+		t.Fatalf("step Accept: nothing within 5 s (memreqs %d wakes %d errnotes %d peer closed %v)", mr, w, e, closed)
+	}
+}
