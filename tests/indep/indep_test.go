@@ -319,3 +319,74 @@ func TestShmSetupAgainstListener(t *testing.T) {
 		t.Fatalf("step Accept: nothing within 5 s (memreqs %d wakes %d errnotes %d peer closed %v)", mr, w, e, closed)
 	}
 }
+
+// One message each way over the data path (section 4) with conn.Listen's
+// accepted connection, then close (4.8) seen as end of file.
+func TestShmDataPath(t *testing.T) {
+	ln, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	acc := acceptAsync(ln)
+	sc, err := DialShm(ctx, addr, ShmConfig{})
+	if err != nil {
+		t.Fatalf("step shm dial %s: %v", addr, err)
+	}
+	defer sc.Close()
+	var peer net.Conn
+	select {
+	case a := <-acc:
+		if a.err != nil {
+			t.Fatalf("step Accept: %v", a.err)
+		}
+		peer = a.c
+		defer peer.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("step Accept: nothing within 5 s")
+	}
+	if err := sc.Send(ctx, []byte("ping")); err != nil {
+		mr, w, e, closed := sc.Counters()
+		t.Fatalf("step send ping: %v (memreqs %d wakes %d errnotes %d peer closed %v)", err, mr, w, e, closed)
+	}
+	peer.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	n, err := peer.Read(buf)
+	if err != nil || string(buf[:n]) != "ping" {
+		t.Fatalf("step listener reads ping: %q, %v", buf[:n], err)
+	}
+	if _, err := peer.Write([]byte("pong!")); err != nil {
+		t.Fatalf("step listener writes pong: %v", err)
+	}
+	var got []byte
+	for got == nil {
+		r, err := sc.Recv(ctx)
+		if err != nil {
+			t.Fatalf("step receive pong: %+v, %v", r, err)
+		}
+		t.Logf("received imm %+v status %d opcode %d byte_len %d payload %q", r.Imm, r.Status, r.Opcode, r.ByteLen, r.Payload)
+		if r.Opcode != 4 {
+			t.Fatalf("step receive pong: opcode %d, want 4 (RECV_RDMA_WITH_IMM)", r.Opcode)
+		}
+		switch r.Imm.Kind {
+		case kindSmall:
+			if r.ByteLen != r.Imm.Length {
+				t.Errorf("byte_len %d, immediate length %d", r.ByteLen, r.Imm.Length)
+			}
+			got = r.Payload
+		case kindCredit:
+		default:
+			t.Fatalf("step receive pong: unexpected kind %d", r.Imm.Kind)
+		}
+	}
+	if string(got) != "pong!" {
+		t.Fatalf("step receive pong: %q", got)
+	}
+	// Close (kind 6) carrying the credit we owe: the listener's reader
+	// sees end of file.
+	if err := sc.SendZero(ctx, kindClose, 0); err != nil {
+		t.Fatalf("step send close: %v", err)
+	}
+	n, err = peer.Read(buf)
+	if n != 0 || err != io.EOF {
+		t.Fatalf("step listener read after close: %q, %v; want EOF", buf[:n], err)
+	}
+}

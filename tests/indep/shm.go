@@ -385,6 +385,7 @@ type ShmConn struct {
 	// Data path state.
 	sentSmall  uint64 // messages put into the peer's small ring
 	credits    int
+	owed       int
 	polled     uint64 // our completions consumed
 	recvSmall  uint64 // messages received into our small ring
 	SentReady  bool
