@@ -390,3 +390,204 @@ func TestShmDataPath(t *testing.T) {
 		t.Fatalf("step listener read after close: %q, %v; want EOF", buf[:n], err)
 	}
 }
+
+type sniffed struct {
+	res *SniffResult
+	err error
+}
+
+// sniffServer runs our negotiation listener (section 2.6) on a fresh TCP
+// port: every accepted connection goes through Sniff.
+func sniffServer(t *testing.T, ownProvider string, rdmaPort func(tcpPort int) int) (string, <-chan sniffed) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	port := ln.Addr().(*net.TCPAddr).Port
+	ch := make(chan sniffed, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				r, err := Sniff(c, ProviderCode(ownProvider), rdmaPort(port))
+				if r != nil && r.Conn != nil {
+					t.Cleanup(func() { r.Conn.Close() })
+				}
+				ch <- sniffed{r, err}
+			}()
+		}
+	}()
+	return ln.Addr().String(), ch
+}
+
+func nextSniff(t *testing.T, ch <-chan sniffed, step string) *SniffResult {
+	t.Helper()
+	select {
+	case s := <-ch:
+		if s.err != nil {
+			t.Fatalf("step %s: Sniff: %v", step, s.err)
+		}
+		return s.res
+	case <-time.After(12 * time.Second):
+		t.Fatalf("step %s: no connection sniffed within 12 s", step)
+	}
+	return nil
+}
+
+func dialRdmagrpc(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := conn.Dial(ctx, addr, conn.WithProvider("shm"))
+	if err != nil {
+		t.Fatalf("conn.Dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func readN(t *testing.T, c net.Conn, n int, step string) []byte {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b := make([]byte, n)
+	k, err := io.ReadFull(c, b)
+	if err != nil {
+		t.Fatalf("step %s: read %d of %d bytes %q: %v", step, k, n, b[:k], err)
+	}
+	return b
+}
+
+// conn.Dial against our listener: the offer names a port where no shm
+// listener is, the upgrade fails, the client sends 'T' and stays on TCP.
+func TestNegotiationListenerOfferFallsBack(t *testing.T) {
+	var dead int
+	{
+		l, _ := net.Listen("tcp", "127.0.0.1:0")
+		dead = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	addr, ch := sniffServer(t, "shm", func(int) int { return dead })
+	c := dialRdmagrpc(t, addr)
+	app := []byte(http2Preface + "after-preface")
+	if _, err := c.Write(app); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	r := nextSniff(t, ch, "offer")
+	if r.ClientCode != ProviderCode("shm") {
+		t.Errorf("client provider code %#x", r.ClientCode)
+	}
+	if r.Kind != ClientStayed {
+		t.Fatalf("step after offer: %v (byte %q, err %v), want client-stayed ('T')", r.Kind, r.AfterOffer, r.AfterOfferErr)
+	}
+	want := append(ClientStart("shm"), "after-preface"...)
+	if got := readN(t, r.Conn, len(want), "stream after T"); !bytes.Equal(got, want) {
+		t.Fatalf("stream after T: %q, want %q", got, want)
+	}
+	if st := c.(*conn.Conn).Stats(); st.Provider != "tcp" {
+		t.Errorf("client provider %q, want tcp", st.Provider)
+	}
+}
+
+// conn.Dial against our listener offering conn.Listen's shm listener: the
+// client upgrades, closes the TCP connection, and its stream arrives over
+// shm.
+func TestNegotiationListenerOfferUpgrades(t *testing.T) {
+	shmLn, shmAddr := listenShm(t)
+	_, p, _ := net.SplitHostPort(shmAddr)
+	shmPort, _ := strconv.Atoi(p)
+	addr, ch := sniffServer(t, "shm", func(int) int { return shmPort })
+	acc := acceptAsync(shmLn)
+	c := dialRdmagrpc(t, addr)
+	if _, err := c.Write([]byte(http2Preface + "over-shm")); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	r := nextSniff(t, ch, "offer")
+	if r.Kind != Upgraded {
+		t.Fatalf("step after offer: %v (byte %q, err %v), want upgraded", r.Kind, r.AfterOffer, r.AfterOfferErr)
+	}
+	t.Logf("after the offer the listener read %q, %v", r.AfterOffer, r.AfterOfferErr)
+	var a accepted
+	select {
+	case a = <-acc:
+	case <-time.After(10 * time.Second):
+		t.Fatal("step shm accept: nothing within 10 s")
+	}
+	if a.err != nil {
+		t.Fatalf("step shm accept: %v", a.err)
+	}
+	defer a.c.Close()
+	if st := a.c.(*conn.Conn).Stats(); st.Provider != "shm" {
+		t.Fatalf("accepted provider %q", st.Provider)
+	}
+	want := http2Preface + "over-shm"
+	if got := readN(t, a.c, len(want), "stream over shm"); string(got) != want {
+		t.Fatalf("stream over shm: %q, want %q", got, want)
+	}
+	if st := c.(*conn.Conn).Stats(); st.Provider != "shm" {
+		t.Errorf("client provider %q, want shm", st.Provider)
+	}
+}
+
+// Provider codes differ: our listener replies 'T'; conn.Dial stays on TCP
+// and its stream follows the replayed client start.
+func TestNegotiationListenerOtherProvider(t *testing.T) {
+	addr, ch := sniffServer(t, "verbs", func(p int) int { return p })
+	c := dialRdmagrpc(t, addr)
+	if _, err := c.Write([]byte(http2Preface + "tcp-stream")); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	r := nextSniff(t, ch, "reply T")
+	if r.Kind != RepliedTCP {
+		t.Fatalf("sniffed %v, want replied-tcp", r.Kind)
+	}
+	want := append(ClientStart("shm"), "tcp-stream"...)
+	if got := readN(t, r.Conn, len(want), "stream after reply T"); !bytes.Equal(got, want) {
+		t.Fatalf("stream after reply T: %q, want %q", got, want)
+	}
+}
+
+// Section 2.7: the application's first bytes are not HTTP/2; conn.Dial
+// probes on a second connection, our listener offers conn.Listen's shm
+// listener, and the bytes go over shm.
+func TestNegotiationListenerProbe(t *testing.T) {
+	shmLn, shmAddr := listenShm(t)
+	_, p, _ := net.SplitHostPort(shmAddr)
+	shmPort, _ := strconv.Atoi(p)
+	addr, ch := sniffServer(t, "shm", func(int) int { return shmPort })
+	acc := acceptAsync(shmLn)
+	c := dialRdmagrpc(t, addr)
+	if _, err := c.Write([]byte("\x16\x03\x01not-h2")); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	var a accepted
+	select {
+	case a = <-acc:
+	case <-time.After(10 * time.Second):
+		t.Fatal("step shm accept after the probe: nothing within 10 s")
+	}
+	if a.err != nil {
+		t.Fatalf("step shm accept: %v", a.err)
+	}
+	defer a.c.Close()
+	if got := readN(t, a.c, 9, "stream over shm"); string(got) != "\x16\x03\x01not-h2" {
+		t.Fatalf("stream over shm: %q", got)
+	}
+	// Two TCP connections reached our listener: the probe (offer, then
+	// reset) and the original one (nothing sent, then reset).
+	kinds := map[Sniffed]int{}
+	for i := 0; i < 2; i++ {
+		r := nextSniff(t, ch, "probe/original")
+		kinds[r.Kind]++
+		if r.Kind == PlainClient && len(r.Replayed) != 0 {
+			t.Errorf("original connection carried %q, want nothing", r.Replayed)
+		}
+	}
+	if kinds[Upgraded] != 1 || kinds[PlainClient] != 1 {
+		t.Fatalf("sniffed %v, want one upgraded probe and one empty original", kinds)
+	}
+}
