@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	"golang.org/x/sys/unix"
 )
 
 func unhex(t *testing.T, s string) []byte {
@@ -589,5 +590,184 @@ func TestNegotiationListenerProbe(t *testing.T) {
 	}
 	if kinds[Upgraded] != 1 || kinds[PlainClient] != 1 {
 		t.Fatalf("sniffed %v, want one upgraded probe and one empty original", kinds)
+	}
+}
+
+// The listener's checks of a connect (sections 3.1, 3.3.4, 3.3.5, 5),
+// driven by changing our otherwise valid connect message.
+func TestShmListenerChecks(t *testing.T) {
+	ln, addr := listenShm(t)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	const pOff = 73 // private data
+	memfd := func(t *testing.T, size int64, seal bool) int {
+		fd, err := unix.MemfdCreate("indep-test", unix.MFD_ALLOW_SEALING|unix.MFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		if err := unix.Ftruncate(fd, size); err != nil {
+			t.Fatal(err)
+		}
+		if seal {
+			if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return fd
+	}
+	type mut = func(msg []byte, fds []int) ([]byte, []int)
+	cases := []struct {
+		name string
+		// "accept", "reject:<hex>", "closed"; "refused": anything but
+		// accept, the document not saying how; "": not specified at all.
+		want string
+		mut  func(t *testing.T) mut
+	}{
+		{"valid", "accept", func(*testing.T) mut { return nil }},
+		{"hello-version-2", "reject:", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff+4] = 2; return m, f }
+		}},
+		{"hello-bad-magic", "reject:", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff] = 'X'; return m, f }
+		}},
+		{"hello-slot-count-1", "reject:", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff+24] = 1; return m, f }
+		}},
+		{"hello-slot-size-63", "reject:", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff+19], m[pOff+20] = 0, 63; return m, f }
+		}},
+		{"hello-25-bytes", "accept", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) {
+				out := append([]byte(nil), m[:72]...)
+				out = append(out, 25)
+				out = append(out, m[pOff:pOff+25]...)
+				return append(out, 0, 0), f
+			}
+		}},
+		{"hello-padded-to-56", "accept", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) {
+				out := append([]byte(nil), m[:72]...)
+				out = append(out, 56)
+				out = append(out, m[pOff:pOff+26]...)
+				out = append(out, make([]byte, 30)...)
+				return append(out, 0, 0), f
+			}
+		}},
+		{"hello-unknown-flag-bits", "accept", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff+25] = 0xfe; return m, f }
+		}},
+		{"qp-version-2", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[1] = 2; return m, f }
+		}},
+		{"no-descriptors", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return m, nil }
+		}},
+		{"two-descriptors", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return m, f[:2] }
+		}},
+		{"recv-cap-16385", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[10], m[11] = 0x01, 0x40; return m, f }
+		}},
+		{"recv-sge-33", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[14] = 33; return m, f }
+		}},
+		{"cq-cap-0", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[18], m[19] = 0, 0; return m, f }
+		}},
+		{"private-len-57", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) {
+				out := append([]byte(nil), m[:72]...)
+				out = append(out, 57)
+				out = append(out, m[pOff:pOff+26]...)
+				out = append(out, make([]byte, 31)...)
+				return append(out, 0, 0), f
+			}
+		}},
+		{"truncated-private", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return m[:pOff+20], f }
+		}},
+		{"held-count-9", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) {
+				m = m[:pOff+26]
+				m = append(m, 0, 9)
+				return append(m, make([]byte, 72)...), f
+			}
+		}},
+		{"held-count-1-missing", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff+27] = 1; return m, f }
+		}},
+		{"no-flags-no-held", "accept", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return m[:pOff+26], f }
+		}},
+		{"flags-without-held-count", "", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return m[:pOff+27], f }
+		}},
+		{"trailing-bytes", "accept", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return append(m, 1, 2, 3, 4, 5, 6, 7, 8), f }
+		}},
+		{"unknown-qp-flag-bits", "accept", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[pOff+26] = 0xfc; return m, f }
+		}},
+		{"first-message-ready", "closed", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return []byte{msgReady}, nil }
+		}},
+		// Not in the list of 3.3.5 that closes without an answer; the
+		// listener rejects with "RDMG\xfffail:" (see the findings).
+		{"ring-off-not-multiple-of-8", "refused", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[22] = 4; return m, f }
+		}},
+		{"ring-window-outside-file", "refused", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[22], m[23], m[24] = 0, 0, 0x10; return m, f }
+		}},
+		{"mr-table-too-small", "refused", func(t *testing.T) mut {
+			small := memfd(t, 4096, true)
+			return func(m []byte, f []int) ([]byte, []int) { return m, []int{small, f[1], f[2]} }
+		}},
+		{"mr-table-unsealed", "refused", func(t *testing.T) mut {
+			un := memfd(t, mrTableSize, false)
+			return func(m []byte, f []int) ([]byte, []int) { return m, []int{un, f[1], f[2]} }
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+			defer cancel()
+			sc, err := DialShm(ctx, addr, ShmConfig{Mutate: tc.mut(t)})
+			var got string
+			var rej *RejectError
+			switch {
+			case err == nil:
+				got = "accept"
+				sc.Close()
+			case errors.As(err, &rej):
+				got = "reject:" + hex.EncodeToString(rej.Private)
+			case errors.Is(err, ErrClosedWithoutAnswer):
+				got = "closed"
+			default:
+				got = "error: " + err.Error()
+			}
+			if tc.want == "" {
+				t.Logf("%s (not specified by the document): %s", tc.name, got)
+				return
+			}
+			if tc.want == "refused" {
+				t.Logf("%s (refusal not specified by the document): %s", tc.name, got)
+				if got == "accept" {
+					t.Errorf("%s: accepted, want a refusal (3.3.5: descriptors MUST be checked)", tc.name)
+				}
+				return
+			}
+			if got != tc.want {
+				t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -345,6 +346,9 @@ type ShmConfig struct {
 	SlotCount uint32 // small ring slots (default 4)
 	RecvCap   uint32 // receives (default slot_count + 7 + 32)
 	CQCap     uint32 // default 2 × RecvCap
+	// Mutate, if set, changes the connect message and its descriptors
+	// before they are sent (for tests of the listener's checks).
+	Mutate func(msg []byte, fds []int) ([]byte, []int)
 }
 
 // ShmConn is a connection set up by DialShm.
@@ -397,6 +401,9 @@ type memrep struct {
 	ok  bool
 	fd  int
 }
+
+// ErrClosedWithoutAnswer: the listener closed the socket after the connect.
+var ErrClosedWithoutAnswer = errors.New("shm: listener closed the socket without an answer")
 
 // RejectError is a reject message from the listener.
 type RejectError struct{ Private []byte }
@@ -467,7 +474,7 @@ func DialShm(ctx context.Context, addr string, cfg ShmConfig) (*ShmConn, error) 
 		c.release()
 		return nil, lastErr
 	}
-	if err := c.handshake(ctx); err != nil {
+	if err := c.handshake(ctx, cfg.Mutate); err != nil {
 		c.sock.Close()
 		c.release()
 		return nil, err
@@ -548,7 +555,7 @@ func (c *ShmConn) setupLocal(cfg ShmConfig) error {
 
 func roundPage(n int64) int64 { return (n + 4095) &^ 4095 }
 
-func (c *ShmConn) handshake(ctx context.Context) error {
+func (c *ShmConn) handshake(ctx context.Context, mutate func([]byte, []int) ([]byte, []int)) error {
 	deadline := time.Now().Add(10 * time.Second)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
@@ -557,23 +564,33 @@ func (c *ShmConn) handshake(ctx context.Context) error {
 	defer c.sock.SetDeadline(time.Time{})
 
 	msg := c.qp.Encode()
-	oob := unix.UnixRights(c.mr.fd, c.qpRing.fd, c.cq.fd)
+	fds := []int{c.mr.fd, c.qpRing.fd, c.cq.fd}
+	if mutate != nil {
+		msg, fds = mutate(msg, fds)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
 	if _, _, err := c.sock.WriteMsgUnix(msg, oob, nil); err != nil {
 		return fmt.Errorf("send connect: %w", err)
 	}
 	buf := make([]byte, 512)
 	oobBuf := make([]byte, unix.CmsgSpace(8*4))
 	n, oobn, _, _, err := c.sock.ReadMsgUnix(buf, oobBuf)
+	if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+		return ErrClosedWithoutAnswer
+	}
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
 	}
-	fds, err := parseRights(oobBuf[:oobn])
+	fds, err = parseRights(oobBuf[:oobn])
 	if err != nil {
 		return err
 	}
 	if n == 0 {
 		closeFds(fds)
-		return errors.New("empty answer")
+		return ErrClosedWithoutAnswer
 	}
 	switch buf[0] {
 	case msgReject:
@@ -677,8 +694,8 @@ func (c *ShmConn) readLoop() {
 		}
 		if err != nil || n == 0 {
 			closeFds(fds)
-			if err == nil {
-				err = errors.New("EOF")
+			if err == nil || errors.Is(err, io.EOF) {
+				err = io.EOF
 				c.peerDisc.Store(true)
 			}
 			c.mu.Lock()
