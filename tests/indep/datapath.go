@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -290,8 +291,10 @@ func (c *ShmConn) Recv(ctx context.Context) (*Received, error) {
 			}
 			if r.Imm.Ring == 0 {
 				c.credits += int(r.Imm.Credits)
+			} else {
+				c.largeCredits += int(r.Imm.Credits)
 			}
-			if r.Imm.Kind == kindSmall {
+			if r.Imm.Kind == kindSmall || r.Imm.Kind == kindControl {
 				h := c.hello
 				if r.Imm.Length == 0 || r.Imm.Length > h.SlotSize {
 					return r, fmt.Errorf("data message length %d", r.Imm.Length)
@@ -313,3 +316,124 @@ func (c *ShmConn) Recv(ctx context.Context) (*Received, error) {
 		}
 	}
 }
+
+// Record is a 49-byte control record (section 4.3).
+type Record struct {
+	Type  uint8
+	Seq   uint32
+	Addr  uint64
+	Rkey  uint32
+	Size  uint32
+	Count uint32
+	Addr2 uint64
+	Rkey2 uint32
+}
+
+// Record types.
+const (
+	recRequest   = 1
+	recAck       = 2
+	recRefuse    = 3
+	recAdvert    = 4
+	recRead      = 5
+	recShrink    = 6
+	recShrinkAsk = 7
+	recordLen    = 49
+	recordHead   = 0x454e4c47
+	recordTail   = 0x21444e45
+)
+
+// Encode frames the record.
+func (r Record) Encode() []byte {
+	be := binary.BigEndian
+	b := be.AppendUint32(nil, recordHead)
+	b = append(b, r.Type)
+	b = be.AppendUint32(b, r.Seq)
+	b = be.AppendUint64(b, r.Addr)
+	b = be.AppendUint32(b, r.Rkey)
+	b = be.AppendUint32(b, r.Size)
+	b = be.AppendUint32(b, r.Count)
+	b = be.AppendUint64(b, r.Addr2)
+	b = be.AppendUint32(b, r.Rkey2)
+	b = be.AppendUint32(b, crc32.ChecksumIEEE(b))
+	return be.AppendUint32(b, recordTail)
+}
+
+// DecodeRecord checks the framing (head, tail, crc) and unpacks.
+func DecodeRecord(b []byte) (Record, error) {
+	be := binary.BigEndian
+	if len(b) != recordLen {
+		return Record{}, fmt.Errorf("record of %d bytes", len(b))
+	}
+	if be.Uint32(b) != recordHead || be.Uint32(b[45:]) != recordTail || be.Uint32(b[41:]) != crc32.ChecksumIEEE(b[:41]) {
+		return Record{}, fmt.Errorf("torn record %x", b)
+	}
+	return Record{
+		Type: b[4], Seq: be.Uint32(b[5:]), Addr: be.Uint64(b[9:]), Rkey: be.Uint32(b[17:]),
+		Size: be.Uint32(b[21:]), Count: be.Uint32(b[25:]), Addr2: be.Uint64(b[29:]), Rkey2: be.Uint32(b[37:]),
+	}, nil
+}
+
+// SendRaw writes one message with a payload into the listener's small ring
+// (large false) or large ring (large true), without the reserve rule:
+// tests use it to break the protocol on purpose.
+func (c *ShmConn) SendRaw(ctx context.Context, kind uint8, payload []byte, large bool) error {
+	var a uint64
+	var k uint32
+	if large {
+		if c.largeCount == 0 {
+			return errors.New("no large ring")
+		}
+		a = c.largeAddr + (c.sentLarge%uint64(c.largeCount))*uint64(c.largeSize)
+		k = c.largeRkey
+	} else {
+		h := c.PeerHello
+		a = h.RingAddr + (c.sentSmall%uint64(h.SlotCount))*uint64(h.SlotSize)
+		k = h.RingRkey
+	}
+	imm := Imm{Kind: kind, Credits: c.takeOwed(), Length: uint32(len(payload))}
+	if err := c.writeImm(ctx, a, k, payload, imm.Encode()); err != nil {
+		return err
+	}
+	if large {
+		c.sentLarge++
+		c.largeCredits--
+	} else {
+		c.sentSmall++
+		c.credits--
+	}
+	return nil
+}
+
+// SendRecord sends a record into the small ring (kind 4) or the large ring
+// (kind 7), keeping two credits in reserve as 4.4 says.
+func (c *ShmConn) SendRecord(ctx context.Context, r Record, large bool) error {
+	cr, kind := c.credits, uint8(kindControl)
+	if large {
+		cr, kind = c.largeCredits, kindRecordL
+	}
+	if cr < 2 {
+		return fmt.Errorf("record: %d credits, the reserve rule wants 2", cr)
+	}
+	return c.SendRaw(ctx, kind, r.Encode(), large)
+}
+
+// UseLargeRing records an acknowledgement's large ring (4.4, 4.6.1).
+func (c *ShmConn) UseLargeRing(ack Record) {
+	c.largeAddr, c.largeRkey, c.largeSize, c.largeCount = ack.Addr, ack.Rkey, ack.Size, ack.Count
+	c.sentLarge, c.largeCredits = 0, int(ack.Count)
+}
+
+// SendLarge writes p as one large data message (kind 1).
+func (c *ShmConn) SendLarge(ctx context.Context, p []byte) error {
+	if len(p) == 0 || len(p) > int(c.largeSize) {
+		return fmt.Errorf("large data message of %d bytes, slot size %d", len(p), c.largeSize)
+	}
+	if c.largeCredits < 2 {
+		return fmt.Errorf("credit stall in the large ring: %d credits", c.largeCredits)
+	}
+	return c.SendRaw(ctx, kindLarge, p, true)
+}
+
+// Credits returns the credits held for the small and the large ring.
+func (c *ShmConn) Credits() (small, large int) { return c.credits, c.largeCredits }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -769,5 +770,241 @@ func TestShmListenerChecks(t *testing.T) {
 				t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 			}
 		})
+	}
+}
+
+// shmPair dials conn.Listen's listener with our shm dialer and returns
+// both ends.
+func shmPair(t *testing.T) (context.Context, *ShmConn, net.Conn) {
+	t.Helper()
+	ln, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	acc := acceptAsync(ln)
+	sc, err := DialShm(ctx, addr, ShmConfig{})
+	if err != nil {
+		t.Fatalf("step shm dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { sc.Close() })
+	select {
+	case a := <-acc:
+		if a.err != nil {
+			t.Fatalf("step Accept: %v", a.err)
+		}
+		t.Cleanup(func() { a.c.Close() })
+		return ctx, sc, a.c
+	case <-time.After(5 * time.Second):
+		t.Fatal("step Accept: nothing within 5 s")
+	}
+	return nil, nil, nil
+}
+
+// recvUntil takes messages until one satisfies stop or the time runs out.
+func recvUntil(t *testing.T, ctx context.Context, sc *ShmConn, step string, d time.Duration, stop func(*Received) bool) []*Received {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var all []*Received
+	for {
+		r, err := sc.Recv(ctx)
+		if err != nil {
+			t.Fatalf("step %s: receive: %v (received so far %s)", step, err, describe(all))
+		}
+		all = append(all, r)
+		if stop(r) {
+			return all
+		}
+	}
+}
+
+func describe(rs []*Received) string {
+	var b strings.Builder
+	for _, r := range rs {
+		b.WriteString("[")
+		b.WriteString(strconv.Itoa(int(r.Imm.Kind)) + " ring " + strconv.Itoa(int(r.Imm.Ring)) + " credits " + strconv.Itoa(int(r.Imm.Credits)) + " len " + strconv.Itoa(int(r.Imm.Length)))
+		b.WriteString("]")
+	}
+	return b.String()
+}
+
+func readExactly(t *testing.T, c net.Conn, want []byte, step string) {
+	t.Helper()
+	if got := readN(t, c, len(want), step); !bytes.Equal(got, want) {
+		t.Fatalf("step %s: read %q, want %q", step, got, want)
+	}
+}
+
+// Enlargement (4.3, 4.6): request record, ack into our small ring, a data
+// message into the large ring, shrink record, back to the small ring.
+func TestShmEnlargement(t *testing.T) {
+	ctx, sc, peer := shmPair(t)
+	if err := sc.SendRecord(ctx, Record{Type: recRequest, Seq: 1, Size: 32768, Count: 16}, false); err != nil {
+		t.Fatalf("step send request: %v", err)
+	}
+	var ack Record
+	rs := recvUntil(t, ctx, sc, "ack", 5*time.Second, func(r *Received) bool {
+		if r.Imm.Kind != kindControl {
+			return false
+		}
+		rec, err := DecodeRecord(r.Payload)
+		if err != nil {
+			t.Fatalf("step ack: %v", err)
+		}
+		ack = rec
+		return true
+	})
+	t.Logf("after the request: %s; ack %+v; credits %v", describe(rs), ack, func() []int { s, l := sc.Credits(); return []int{s, l} }())
+	if ack.Type != recAck || ack.Seq != 1 || ack.Size != 32768 || ack.Count != 16 || ack.Addr == 0 || ack.Rkey == 0 {
+		t.Fatalf("step ack: %+v, want an ack of seq 1 for 32768 x 16", ack)
+	}
+	if ack.Addr2 != 1 {
+		t.Fatalf("step ack: addr2 %d, want 1 (keeps the small ring; default)", ack.Addr2)
+	}
+	// Return the ack's credit at once (urgent, 4.4).
+	if err := sc.SendZero(ctx, kindCredit, 0); err != nil {
+		t.Fatalf("step return the ack's credit: %v", err)
+	}
+	sc.UseLargeRing(ack)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 125) // 2000 bytes > the small slot
+	if err := sc.SendLarge(ctx, big); err != nil {
+		t.Fatalf("step large data: %v", err)
+	}
+	readExactly(t, peer, big, "listener reads the large message")
+	// Shrink: the last message into the large ring (kind 7).
+	if err := sc.SendRecord(ctx, Record{Type: recShrink, Seq: 1}, true); err != nil {
+		t.Fatalf("step shrink: %v", err)
+	}
+	if err := sc.Send(ctx, []byte("small again")); err != nil {
+		t.Fatalf("step small data after shrink: %v", err)
+	}
+	readExactly(t, peer, []byte("small again"), "listener reads after the shrink")
+	if _, err := peer.Write([]byte("still-alive")); err != nil {
+		t.Fatalf("step listener writes: %v", err)
+	}
+	var got []byte
+	recvUntil(t, ctx, sc, "reply", 5*time.Second, func(r *Received) bool {
+		if r.Imm.Kind == kindSmall {
+			got = r.Payload
+			return true
+		}
+		return false
+	})
+	if string(got) != "still-alive" {
+		t.Fatalf("step reply: %q", got)
+	}
+}
+
+// Park (4.6): the listener's hello offers parking; after everything was
+// read a park is answered with resume carrying the credits not yet
+// returned; with a slot unread, decline.
+func TestShmPark(t *testing.T) {
+	ctx, sc, peer := shmPair(t)
+	if sc.PeerHello.Flags&helloParks == 0 {
+		t.Fatalf("listener hello flags %#x: no helloParks", sc.PeerHello.Flags)
+	}
+	// A slot still unread: decline.
+	if err := sc.Send(ctx, []byte("unread")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := sc.SendZero(ctx, kindCredit, 1); err != nil {
+		t.Fatalf("step park 1: %v", err)
+	}
+	rs := recvUntil(t, ctx, sc, "answer to park 1", 5*time.Second, func(r *Received) bool {
+		return r.Imm.Kind == kindCredit && r.Imm.Length != 0
+	})
+	if last := rs[len(rs)-1]; last.Imm.Length != 3 {
+		t.Fatalf("step answer to park 1 with a slot unread: %s, want decline (length 3)", describe(rs))
+	}
+	readExactly(t, peer, []byte("unread"), "listener reads")
+	time.Sleep(50 * time.Millisecond)
+	small, _ := sc.Credits()
+	if err := sc.SendZero(ctx, kindCredit, 1); err != nil {
+		t.Fatalf("step park 2: %v", err)
+	}
+	rs = recvUntil(t, ctx, sc, "answer to park 2", 5*time.Second, func(r *Received) bool {
+		return r.Imm.Kind == kindCredit && r.Imm.Length != 0
+	})
+	if last := rs[len(rs)-1]; last.Imm.Length != 2 {
+		t.Fatalf("step answer to park 2, all read: %s, want resume (length 2)", describe(rs))
+	}
+	after, _ := sc.Credits()
+	t.Logf("park 2 answered %s; small credits %d -> %d", describe(rs), small, after)
+	if after != int(sc.PeerHello.SlotCount) {
+		t.Fatalf("after resume: %d small credits, want all %d back", after, sc.PeerHello.SlotCount)
+	}
+	if err := sc.Send(ctx, []byte("after-park")); err != nil {
+		t.Fatal(err)
+	}
+	readExactly(t, peer, []byte("after-park"), "listener reads after the park")
+}
+
+// The reserve rule (4.4): a data message after which the writer holds no
+// credit is a protocol error; the listener aborts.
+func TestShmReserveRuleEnforced(t *testing.T) {
+	ctx, sc, peer := shmPair(t)
+	for i := 0; i < 3; i++ {
+		if err := sc.Send(ctx, []byte{'a' + byte(i)}); err != nil {
+			t.Fatalf("step data %d: %v", i, err)
+		}
+	}
+	if small, _ := sc.Credits(); small != 1 {
+		t.Fatalf("credits after 3 messages without reads: %d, want 1", small)
+	}
+	// The fourth message leaves no credit.
+	if err := sc.SendRaw(ctx, kindSmall, []byte("d"), false); err != nil {
+		t.Fatalf("step fourth message: %v", err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, _, _, closed := sc.Counters(); closed {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, _, errnotes, closed := sc.Counters()
+	peer.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 16)
+	var reads []string
+	var rerr error
+	for rerr == nil {
+		var n int
+		n, rerr = peer.Read(buf)
+		if n > 0 {
+			reads = append(reads, string(buf[:n]))
+		}
+	}
+	t.Logf("after the fourth message: peer closed %v, errnotes %d, listener reads %q then %v", closed, errnotes, reads, rerr)
+	if !closed {
+		t.Fatalf("step abort: the listener did not disconnect within 3 s")
+	}
+	if errors.Is(rerr, os.ErrDeadlineExceeded) {
+		t.Fatalf("step abort: the listener's reads did not fail")
+	}
+}
+
+// A torn record (4.3) counts as not received; the connection goes on.
+func TestShmTornRecord(t *testing.T) {
+	ctx, sc, peer := shmPair(t)
+	rec := Record{Type: recRequest, Seq: 1, Size: 32768, Count: 16}.Encode()
+	rec[41] ^= 0xff // crc
+	if err := sc.SendRaw(ctx, kindControl, rec, false); err != nil {
+		t.Fatalf("step torn record: %v", err)
+	}
+	if err := sc.Send(ctx, []byte("after-torn")); err != nil {
+		t.Fatalf("step data: %v", err)
+	}
+	readExactly(t, peer, []byte("after-torn"), "listener reads after a torn record")
+	if _, err := peer.Write([]byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	rs := recvUntil(t, ctx, sc, "reply", 5*time.Second, func(r *Received) bool { return r.Imm.Kind == kindSmall })
+	for _, r := range rs {
+		if r.Imm.Kind == kindControl {
+			t.Errorf("the torn request was answered: %s", describe(rs))
+		}
+	}
+	if got := string(rs[len(rs)-1].Payload); got != "ok" {
+		t.Fatalf("reply %q", got)
 	}
 }

@@ -387,13 +387,20 @@ type ShmConn struct {
 	memreqs  atomic.Int64
 
 	// Data path state.
-	sentSmall  uint64 // messages put into the peer's small ring
-	credits    int
-	owed       int
-	polled     uint64 // our completions consumed
-	recvSmall  uint64 // messages received into our small ring
-	SentReady  bool
-	AcceptFlag uint8
+	sentSmall uint64 // messages put into the peer's small ring
+	credits   int
+	owed      int
+
+	largeAddr    uint64
+	largeRkey    uint32
+	largeSize    uint32
+	largeCount   uint32
+	sentLarge    uint64
+	largeCredits int
+	polled       uint64 // our completions consumed
+	recvSmall    uint64 // messages received into our small ring
+	SentReady    bool
+	AcceptFlag   uint8
 }
 
 type memrep struct {
