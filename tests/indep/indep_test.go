@@ -5,11 +5,15 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -1006,5 +1010,139 @@ func TestShmTornRecord(t *testing.T) {
 	}
 	if got := string(rs[len(rs)-1].Payload); got != "ok" {
 		t.Fatalf("reply %q", got)
+	}
+}
+
+// TestMain lets the test binary act as a separate dialer process.
+func TestMain(m *testing.M) {
+	if addr := os.Getenv("INDEP_CHILD_DIAL"); addr != "" {
+		os.Exit(childDial(addr))
+	}
+	os.Exit(m.Run())
+}
+
+func childDial(addr string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sc, err := DialShm(ctx, addr, ShmConfig{})
+	if err != nil {
+		var rej *RejectError
+		if errors.As(err, &rej) {
+			fmt.Printf("REJECT %x\n", rej.Private)
+		} else {
+			fmt.Println("DIAL-ERROR", err)
+		}
+		return 0
+	}
+	defer sc.Close()
+	if err := sc.Send(ctx, []byte("from-child")); err != nil {
+		fmt.Println("SEND-ERROR", err)
+		return 0
+	}
+	for {
+		r, err := sc.Recv(ctx)
+		if err != nil {
+			fmt.Println("RECV-ERROR", err)
+			return 0
+		}
+		if r.Imm.Kind == kindSmall {
+			fmt.Printf("REPLY %s\n", r.Payload)
+			return 0
+		}
+	}
+}
+
+func runChild(t *testing.T, addr string, cred *syscall.Credential) string {
+	t.Helper()
+	bin := os.Args[0]
+	if cred != nil {
+		dir, err := os.MkdirTemp("", "indep")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		os.Chmod(dir, 0o755)
+		data, err := os.ReadFile(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin = filepath.Join(dir, "child")
+		if err := os.WriteFile(bin, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "INDEP_CHILD_DIAL="+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// Our dialer in another process: set-up, a message each way.
+func TestShmOtherProcess(t *testing.T) {
+	ln, addr := listenShm(t)
+	done := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer c.Close()
+		if p := c.(*conn.Conn).Stats().Provider; p != "shm" {
+			done <- fmt.Errorf("provider %q", p)
+			return
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 10)
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "from-child" {
+			done <- fmt.Errorf("read %q: %v", buf, err)
+			return
+		}
+		_, err = c.Write([]byte("to-child"))
+		done <- err
+		io.Copy(io.Discard, c)
+	}()
+	out := runChild(t, addr, nil)
+	if out != "REPLY to-child" {
+		t.Fatalf("child said %q", out)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("listener side: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("listener side did not finish")
+	}
+}
+
+// 3.3.2: a dialer of another uid gets a reject "RDMG\xffpeer:…".
+func TestShmPeerCheckOtherUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a child under another uid")
+	}
+	ln, addr := listenShm(t)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	out := runChild(t, addr, &syscall.Credential{Uid: 65534, Gid: 65534})
+	hexPrefix := hex.EncodeToString([]byte("RDMG\xffpeer:"))
+	if !strings.HasPrefix(out, "REJECT "+hexPrefix) {
+		t.Fatalf("child of uid 65534: %q, want a reject starting %s", out, hexPrefix)
+	}
+	raw, _ := hex.DecodeString(strings.TrimPrefix(out, "REJECT "))
+	t.Logf("reject private data (%d bytes): %q", len(raw), raw)
+	if len(raw) > 56 {
+		t.Errorf("reject private data of %d bytes > 56", len(raw))
 	}
 }
