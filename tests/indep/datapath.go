@@ -269,7 +269,7 @@ type Received struct {
 func (c *ShmConn) Recv(ctx context.Context) (*Received, error) {
 	capN := uint64(c.qp.RecvCap)
 	for {
-		s := ringHdr + (c.polled%capN)*recvSlotSize(1)
+		s := c.ringOff + ringHdr + (c.polled%capN)*recvSlotSize(1)
 		if atomic.LoadUint64(c.qpRing.u64(s)) == c.polled+1 {
 			kind := atomic.LoadUint32(c.qpRing.u32(s + 12))
 			r := &Received{
@@ -278,11 +278,11 @@ func (c *ShmConn) Recv(ctx context.Context) (*Received, error) {
 				ByteLen: atomic.LoadUint32(c.qpRing.u32(s + 16)),
 			}
 			c.polled++
-			atomic.StoreUint64(c.qpRing.u64(24), c.polled)
-			atomic.AddUint64(c.cq.u64(8), ^uint64(0))
+			atomic.StoreUint64(c.qpRing.u64(c.ringOff+24), c.polled)
+			atomic.AddUint64(c.cq.u64(c.cqOff+8), ^uint64(0))
 			// Re-post the receive (nsge 0).
 			*c.qpRing.u32(s + 8) = 0
-			atomic.AddUint64(c.qpRing.u64(8), 1)
+			atomic.AddUint64(c.qpRing.u64(c.ringOff+8), 1)
 			if r.Status != 0 {
 				return r, fmt.Errorf("completion status %d", r.Status)
 			}
@@ -306,7 +306,7 @@ func (c *ShmConn) Recv(ctx context.Context) (*Received, error) {
 			}
 			return r, nil
 		}
-		if atomic.LoadUint32(c.qpRing.u32(0)) == qpStateErr {
+		if atomic.LoadUint32(c.qpRing.u32(c.ringOff)) == qpStateErr {
 			return nil, errQPError
 		}
 		select {

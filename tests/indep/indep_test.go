@@ -1146,3 +1146,146 @@ func TestShmPeerCheckOtherUID(t *testing.T) {
 		t.Errorf("reject private data of %d bytes > 56", len(raw))
 	}
 }
+
+// 3.3.1: a listener on the unspecified address binds the wildcard name; a
+// dialer of 127.0.0.1:port finds it after the specific name is refused.
+func TestShmWildcardName(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ln, err := conn.Listen(ctx, "0.0.0.0:0", conn.WithProvider("shm"))
+	if err != nil {
+		t.Fatalf("conn.Listen: %v", err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	acc := acceptAsync(ln)
+	sc, err := DialShm(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), ShmConfig{})
+	if err != nil {
+		t.Fatalf("dial 127.0.0.1:%d: %v", port, err)
+	}
+	defer sc.Close()
+	if want := "rdmagrpc-shm/*:" + strconv.Itoa(port); sc.SocketName() != want {
+		t.Fatalf("connected to %q, want %q", sc.SocketName(), want)
+	}
+	a := <-acc
+	if a.err != nil {
+		t.Fatalf("Accept: %v", a.err)
+	}
+	a.c.Close()
+}
+
+// 2.7: "or after 100 ms without any": what the client sends when the
+// application writes nothing. The document does not say; record it.
+func TestNegotiationClientSilentApplication(t *testing.T) {
+	var dead int
+	{
+		l, _ := net.Listen("tcp", "127.0.0.1:0")
+		dead = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	addr, ch := sniffServer(t, "shm", func(int) int { return dead })
+	dialRdmagrpc(t, addr)
+	r := nextSniff(t, ch, "silent application")
+	t.Logf("with a silent application our listener sniffed %v, replayed %q, after offer %q %v", r.Kind, r.Replayed, r.AfterOffer, r.AfterOfferErr)
+	if r.Kind == PlainClient && len(r.Replayed) == 0 {
+		t.Fatalf("the client sent nothing: no negotiation after 100 ms")
+	}
+}
+
+// Named control files (3.3.5): a second connection from this process lists
+// the listener's files it keeps mapped (held) and names its own files
+// instead of passing them; data flows on both connections.
+func TestShmNamedControlFiles(t *testing.T) {
+	ln, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	acc := acceptAsync(ln)
+	sc1, err := DialShm(ctx, addr, ShmConfig{})
+	if err != nil {
+		t.Fatalf("step first dial: %v", err)
+	}
+	defer sc1.Close()
+	a1 := <-acc
+	if a1.err != nil {
+		t.Fatalf("step first accept: %v", a1.err)
+	}
+	defer a1.c.Close()
+	own := []uint64{sc1.mr.ino, sc1.qpRing.ino, sc1.cq.ino}
+	t.Logf("first accept: held %v (our files %v), flags %#x", sc1.Peer.Held, own, sc1.Peer.Flags)
+	if !heldAll(sc1.Peer.Held, own...) {
+		t.Fatalf("step first accept: held %v does not list our files %v", sc1.Peer.Held, own)
+	}
+
+	acc = acceptAsync(ln)
+	sc2, err := DialShm(ctx, addr, ShmConfig{Reuse: sc1, NameOwnFiles: true})
+	if err != nil {
+		t.Fatalf("step second dial (named: %v, needfds: %v): %v", sc2 != nil && sc2.ConnectNamed, sc2 != nil && sc2.GotNeedfds, err)
+	}
+	defer sc2.Close()
+	t.Logf("second connect named %v (held %v, ctl %v); needfds %v; accept named %v (ctl %v, held %v); ring_off %d cq_off %d",
+		sc2.ConnectNamed, sc2.qp.Held, sc2.qp.Ctl, sc2.GotNeedfds, sc2.AcceptNamed, sc2.Peer.Ctl, sc2.Peer.Held, sc2.Peer.RingOff, sc2.Peer.CQOff)
+	if !sc2.ConnectNamed {
+		t.Fatalf("second connect was not named")
+	}
+	a2 := <-acc
+	if a2.err != nil {
+		t.Fatalf("step second accept: %v", a2.err)
+	}
+	defer a2.c.Close()
+	if p := a2.c.(*conn.Conn).Stats().Provider; p != "shm" {
+		t.Fatalf("second accept provider %q", p)
+	}
+	if err := sc2.Send(ctx, []byte("two")); err != nil {
+		t.Fatalf("step send on the second connection: %v", err)
+	}
+	readExactly(t, a2.c, []byte("two"), "listener reads on the second connection")
+	if _, err := a2.c.Write([]byte("back")); err != nil {
+		t.Fatal(err)
+	}
+	rs := recvUntil(t, ctx, sc2, "reply on the second connection", 5*time.Second, func(r *Received) bool { return r.Imm.Kind == kindSmall })
+	if got := string(rs[len(rs)-1].Payload); got != "back" {
+		t.Fatalf("reply on the second connection: %q", got)
+	}
+	if err := sc1.Send(ctx, []byte("one")); err != nil {
+		t.Fatalf("step send on the first connection: %v", err)
+	}
+	readExactly(t, a1.c, []byte("one"), "listener reads on the first connection")
+}
+
+// Named control files after the first connection closed: the listener may
+// have dropped our files (then it answers needfds and we send fds, 3.3.5).
+func TestShmNamedAfterClose(t *testing.T) {
+	ln, addr := listenShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	acc := acceptAsync(ln)
+	sc1, err := DialShm(ctx, addr, ShmConfig{})
+	if err != nil {
+		t.Fatalf("step first dial: %v", err)
+	}
+	defer sc1.Release()
+	a1 := <-acc
+	if a1.err != nil {
+		t.Fatalf("step first accept: %v", a1.err)
+	}
+	sc1.CloseKeepFiles()
+	a1.c.Close()
+	time.Sleep(100 * time.Millisecond)
+
+	acc = acceptAsync(ln)
+	sc2, err := DialShm(ctx, addr, ShmConfig{Reuse: sc1, NameOwnFiles: true})
+	if err != nil {
+		t.Fatalf("step second dial: %v", err)
+	}
+	defer sc2.Close()
+	t.Logf("second connect named %v; needfds %v; accept named %v", sc2.ConnectNamed, sc2.GotNeedfds, sc2.AcceptNamed)
+	a2 := <-acc
+	if a2.err != nil {
+		t.Fatalf("step second accept: %v", a2.err)
+	}
+	defer a2.c.Close()
+	if err := sc2.Send(ctx, []byte("again")); err != nil {
+		t.Fatalf("step send: %v", err)
+	}
+	readExactly(t, a2.c, []byte("again"), "listener reads")
+}

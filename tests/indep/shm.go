@@ -248,6 +248,9 @@ const (
 	mrTableSize = mrEntries * mrEntrySize
 	ringHdr     = 64
 	cqHdrSize   = 64
+	qpStride    = 4096      // our QP rings, one per connection, in one file
+	qpFileSize  = 16 * 4096 // room for 16 connections sharing the files
+	cqFileSize  = 4096
 	qpStateRTS  = 3
 	qpStateErr  = 6
 )
@@ -349,6 +352,13 @@ type ShmConfig struct {
 	// Mutate, if set, changes the connect message and its descriptors
 	// before they are sent (for tests of the listener's checks).
 	Mutate func(msg []byte, fds []int) ([]byte, []int)
+	// Reuse, if set, is an earlier connection to the same listener whose
+	// control files this one shares; the connect lists the listener's files
+	// it keeps mapped in held (3.3.5).
+	Reuse *ShmConn
+	// NameOwnFiles (with Reuse): send ctlNamed and no descriptors if the
+	// listener's last accept listed our three files as held.
+	NameOwnFiles bool
 }
 
 // ShmConn is a connection set up by DialShm.
@@ -366,6 +376,17 @@ type ShmConn struct {
 	ring    *mapping // our small receive ring, arena memfdID
 	memfdID uint64
 	rkey    uint32
+	mrIndex uint64
+	ringOff uint64
+	cqOff   uint64
+	prev    *ShmConn
+
+	borrowed map[*mapping]bool
+
+	// What the named-files exchange did.
+	ConnectNamed bool
+	GotNeedfds   bool
+	AcceptNamed  bool
 
 	// The listener's.
 	Peer      *QPInfo
@@ -443,10 +464,11 @@ func DialShm(ctx context.Context, addr string, cfg ShmConfig) (*ShmConn, error) 
 		return nil, err
 	}
 	c := &ShmConn{
-		pd:      uint32(randU64()) | 1,
-		arenas:  map[uint64]*mapping{},
-		memreps: make(chan memrep, 4),
-		closed:  make(chan struct{}),
+		pd:       uint32(randU64()) | 1,
+		arenas:   map[uint64]*mapping{},
+		borrowed: map[*mapping]bool{},
+		memreps:  make(chan memrep, 4),
+		closed:   make(chan struct{}),
 	}
 	if err := c.setupLocal(cfg); err != nil {
 		c.release()
@@ -508,15 +530,29 @@ func peerCred(uc *net.UnixConn) (*unix.Ucred, error) {
 // setupLocal creates our MR table, QP ring, CQ header and small ring.
 func (c *ShmConn) setupLocal(cfg ShmConfig) error {
 	var err error
-	if c.mr, err = newMemfd("indep-mr", mrTableSize); err != nil {
-		return err
+	if prev := cfg.Reuse; prev != nil {
+		// Named control files (3.3.5): the same MR table, QP ring file and
+		// CQ file as an earlier connection, another place in them.
+		c.prev = prev
+		c.mr, c.qpRing, c.cq = prev.mr, prev.qpRing, prev.cq
+		c.borrowed[c.mr], c.borrowed[c.qpRing], c.borrowed[c.cq] = true, true, true
+		c.mrIndex = prev.mrIndex + 1
+	} else {
+		c.mrIndex = 1
+		if c.mr, err = newMemfd("indep-mr", mrTableSize); err != nil {
+			return err
+		}
+		if c.qpRing, err = newMemfd("indep-qp", qpFileSize); err != nil {
+			return err
+		}
+		if c.cq, err = newMemfd("indep-cq", cqFileSize); err != nil {
+			return err
+		}
 	}
-	ringBytes := ringHdr + int64(cfg.RecvCap)*int64(recvSlotSize(1))
-	if c.qpRing, err = newMemfd("indep-qp", roundPage(ringBytes)); err != nil {
-		return err
-	}
-	if c.cq, err = newMemfd("indep-cq", roundPage(cqHdrSize)); err != nil {
-		return err
+	k := c.mrIndex - 1
+	c.ringOff, c.cqOff = k*qpStride, k*cqHdrSize
+	if ringHdr+uint64(cfg.RecvCap)*recvSlotSize(1) > qpStride || c.ringOff+qpStride > qpFileSize || c.cqOff+cqHdrSize > cqFileSize {
+		return fmt.Errorf("no room for connection %d in the control files", c.mrIndex)
 	}
 	ringLen := int64(cfg.SlotSize) * int64(cfg.SlotCount)
 	if c.ring, err = newMemfd("indep-ring", roundPage(ringLen)); err != nil {
@@ -525,11 +561,11 @@ func (c *ShmConn) setupLocal(cfg ShmConfig) error {
 	c.memfdID = c.ring.ino
 	ringAddr := uint64(uintptr(unsafe.Pointer(&c.ring.mem[0])))
 
-	// MR table entry index 1, generation 1 (3.3.7), written under the
+	// MR table entry mrIndex, generation 1 (3.3.7), written under the
 	// seqlock.
-	const index, gen = 1, 1
-	c.rkey = index<<8 | gen
-	e := uint64(index * mrEntrySize)
+	const gen = 1
+	c.rkey = uint32(c.mrIndex<<8 | gen)
+	e := c.mrIndex * mrEntrySize
 	atomic.AddUint32(c.mr.u32(e), 1)
 	*c.mr.u32(e + 8) = c.pd
 	*c.mr.u32(e + 12) = 1 | 2 // local write, remote write
@@ -540,24 +576,46 @@ func (c *ShmConn) setupLocal(cfg ShmConfig) error {
 	atomic.StoreUint32(c.mr.u32(e+4), c.rkey)
 	atomic.AddUint32(c.mr.u32(e), 1)
 
-	// QP ring (3.3.6) at offset 0: RTS, every receive posted with nsge 0.
-	atomic.StoreUint32(c.qpRing.u32(0), qpStateRTS)
+	// QP ring (3.3.6): RTS, every receive posted with nsge 0.
+	atomic.StoreUint32(c.qpRing.u32(c.ringOff), qpStateRTS)
 	for i := uint64(0); i < uint64(cfg.RecvCap); i++ {
-		s := ringHdr + i*recvSlotSize(1)
+		s := c.ringOff + ringHdr + i*recvSlotSize(1)
 		*c.qpRing.u32(s + 8) = 0
 	}
-	atomic.StoreUint64(c.qpRing.u64(8), uint64(cfg.RecvCap))
+	atomic.StoreUint64(c.qpRing.u64(c.ringOff+8), uint64(cfg.RecvCap))
 
 	c.hello = Hello{RingAddr: ringAddr, RingRkey: c.rkey, SlotSize: cfg.SlotSize, SlotCount: cfg.SlotCount}
 	c.qp = QPInfo{
 		Type: msgConnect, Version: wireVersion,
-		Num: 1, PD: c.pd, RecvCap: cfg.RecvCap, RecvSGE: 1, CQCap: cfg.CQCap,
-		RingOff: 0, CQOff: 0, CQID: randU64(), Token: randU64(),
+		Num: uint32(c.mrIndex), PD: c.pd, RecvCap: cfg.RecvCap, RecvSGE: 1, CQCap: cfg.CQCap,
+		RingOff: c.ringOff, CQOff: c.cqOff, CQID: randU64(), Token: randU64(),
 		IP:      netip.AddrFrom4([4]byte{127, 0, 0, 1}).As16(),
 		Port:    0,
 		Private: c.hello.Encode(),
 	}
+	if prev := cfg.Reuse; prev != nil {
+		// List the listener's files we keep mapped; name ours if the
+		// listener's last accept listed them as held.
+		c.qp.Held = []uint64{prev.peerMR.ino, prev.peerRing.ino, prev.peerCQ.ino}
+		if cfg.NameOwnFiles && heldAll(prev.Peer.Held, c.mr.ino, c.qpRing.ino, c.cq.ino) {
+			c.qp.Flags |= ctlNamed
+			c.qp.Ctl = [3]uint64{c.mr.ino, c.qpRing.ino, c.cq.ino}
+		}
+	}
 	return nil
+}
+
+func heldAll(held []uint64, inos ...uint64) bool {
+	for _, ino := range inos {
+		found := false
+		for _, h := range held {
+			found = found || h == ino
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 func roundPage(n int64) int64 { return (n + 4095) &^ 4095 }
@@ -571,7 +629,12 @@ func (c *ShmConn) handshake(ctx context.Context, mutate func([]byte, []int) ([]b
 	defer c.sock.SetDeadline(time.Time{})
 
 	msg := c.qp.Encode()
-	fds := []int{c.mr.fd, c.qpRing.fd, c.cq.fd}
+	ownFds := []int{c.mr.fd, c.qpRing.fd, c.cq.fd}
+	fds := ownFds
+	if c.qp.Flags&ctlNamed != 0 {
+		fds = nil
+		c.ConnectNamed = true
+	}
 	if mutate != nil {
 		msg, fds = mutate(msg, fds)
 	}
@@ -584,20 +647,33 @@ func (c *ShmConn) handshake(ctx context.Context, mutate func([]byte, []int) ([]b
 	}
 	buf := make([]byte, 512)
 	oobBuf := make([]byte, unix.CmsgSpace(8*4))
-	n, oobn, _, _, err := c.sock.ReadMsgUnix(buf, oobBuf)
-	if errors.Is(err, io.EOF) || (err == nil && n == 0) {
-		return ErrClosedWithoutAnswer
-	}
-	if err != nil {
-		return fmt.Errorf("read answer: %w", err)
-	}
-	fds, err = parseRights(oobBuf[:oobn])
-	if err != nil {
-		return err
-	}
-	if n == 0 {
+	var n int
+	for {
+		var oobn int
+		var err error
+		n, oobn, _, _, err = c.sock.ReadMsgUnix(buf, oobBuf)
+		if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+			return ErrClosedWithoutAnswer
+		}
+		if err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		fds, err = parseRights(oobBuf[:oobn])
+		if err != nil {
+			return err
+		}
+		if buf[0] != msgNeedfds {
+			break
+		}
 		closeFds(fds)
-		return ErrClosedWithoutAnswer
+		if !c.ConnectNamed || c.GotNeedfds {
+			return errors.New("needfds after a connect without ctlNamed (or twice)")
+		}
+		// 3.3.5: the listener no longer has our files: send them.
+		c.GotNeedfds = true
+		if _, _, err := c.sock.WriteMsgUnix([]byte{msgFds}, unix.UnixRights(ownFds...), nil); err != nil {
+			return fmt.Errorf("send fds: %w", err)
+		}
 	}
 	switch buf[0] {
 	case msgReject:
@@ -606,9 +682,6 @@ func (c *ShmConn) handshake(ctx context.Context, mutate func([]byte, []int) ([]b
 			return fmt.Errorf("short reject %x", buf[:n])
 		}
 		return &RejectError{Private: append([]byte(nil), buf[2:2+int(buf[1])]...)}
-	case msgNeedfds:
-		closeFds(fds)
-		return errors.New("needfds after a connect without ctlNamed")
 	case msgAccept:
 	default:
 		closeFds(fds)
@@ -619,34 +692,44 @@ func (c *ShmConn) handshake(ctx context.Context, mutate func([]byte, []int) ([]b
 		closeFds(fds)
 		return err
 	}
-	if q.Flags&ctlNamed != 0 {
-		closeFds(fds)
-		return errors.New("named accept, but we listed no held files")
-	}
-	if len(fds) != 3 {
-		closeFds(fds)
-		return fmt.Errorf("accept carried %d descriptors, want 3", len(fds))
-	}
 	c.Peer, c.AcceptFlag = q, q.Flags
 	if c.PeerHello, err = DecodeHello(q.Private); err != nil {
 		closeFds(fds)
 		return err
 	}
-	if c.peerMR, err = mapReceived(fds[0], mrTableSize); err != nil {
-		closeFds(fds[1:])
-		return fmt.Errorf("MR table: %w", err)
+	if q.Flags&ctlNamed != 0 {
+		closeFds(fds)
+		// A named accept must name files we listed as held, of the
+		// process whose files we listed.
+		if c.prev == nil || !heldAll(c.qp.Held, q.Ctl[:]...) || c.prev.PeerCred.Pid != c.PeerCred.Pid {
+			return fmt.Errorf("named accept %x, but we listed %x", q.Ctl, c.qp.Held)
+		}
+		if q.Ctl != [3]uint64{c.prev.peerMR.ino, c.prev.peerRing.ino, c.prev.peerCQ.ino} {
+			return fmt.Errorf("named accept %x does not name the MR table, ring and CQ files in order (%d %d %d)", q.Ctl, c.prev.peerMR.ino, c.prev.peerRing.ino, c.prev.peerCQ.ino)
+		}
+		c.peerMR, c.peerRing, c.peerCQ = c.prev.peerMR, c.prev.peerRing, c.prev.peerCQ
+		c.borrowed[c.peerMR], c.borrowed[c.peerRing], c.borrowed[c.peerCQ] = true, true, true
+		c.AcceptNamed = true
+	} else {
+		if len(fds) != 3 {
+			closeFds(fds)
+			return fmt.Errorf("accept carried %d descriptors, want 3", len(fds))
+		}
+		if c.peerMR, err = mapReceived(fds[0], mrTableSize); err != nil {
+			closeFds(fds[1:])
+			return fmt.Errorf("MR table: %w", err)
+		}
+		if c.peerRing, err = mapReceived(fds[1], 1); err != nil {
+			closeFds(fds[2:])
+			return fmt.Errorf("QP ring: %w", err)
+		}
+		if c.peerCQ, err = mapReceived(fds[2], 1); err != nil {
+			return fmt.Errorf("CQ: %w", err)
+		}
 	}
 	ringEnd := q.RingOff + ringHdr + uint64(max(q.RecvCap, 1))*recvSlotSize(q.RecvSGE)
-	if c.peerRing, err = mapReceived(fds[1], 1); err != nil {
-		closeFds(fds[2:])
-		return fmt.Errorf("QP ring: %w", err)
-	}
 	if uint64(c.peerRing.size) < ringEnd {
-		closeFds(fds[2:])
 		return fmt.Errorf("QP ring window ends at %d, file has %d", ringEnd, c.peerRing.size)
-	}
-	if c.peerCQ, err = mapReceived(fds[2], 1); err != nil {
-		return fmt.Errorf("CQ: %w", err)
 	}
 	if uint64(c.peerCQ.size) < q.CQOff+cqHdrSize {
 		return fmt.Errorf("CQ window ends at %d, file has %d", q.CQOff+cqHdrSize, c.peerCQ.size)
@@ -755,7 +838,7 @@ func (c *ShmConn) readLoop() {
 		case msgDisconnect:
 			closeFds(fds)
 			c.peerDisc.Store(true)
-			atomic.StoreUint32(c.qpRing.u32(0), qpStateErr)
+			atomic.StoreUint32(c.qpRing.u32(c.ringOff), qpStateErr)
 			c.sock.Close()
 		default:
 			closeFds(fds)
@@ -766,6 +849,20 @@ func (c *ShmConn) readLoop() {
 // Close sends disconnect and waits (at most 1 s) for the listener to close
 // its end (section 3.3.3).
 func (c *ShmConn) Close() error {
+	c.disconnect()
+	c.release()
+	return nil
+}
+
+// CloseKeepFiles disconnects but keeps the control files and mappings, for
+// a later connection that reuses them (ShmConfig.Reuse); Release frees
+// them.
+func (c *ShmConn) CloseKeepFiles() { c.disconnect() }
+
+// Release frees what CloseKeepFiles kept.
+func (c *ShmConn) Release() { c.release() }
+
+func (c *ShmConn) disconnect() {
 	if c.sock != nil {
 		c.sock.WriteMsgUnix([]byte{msgDisconnect}, nil, nil)
 		select {
@@ -775,13 +872,13 @@ func (c *ShmConn) Close() error {
 		c.sock.Close()
 		<-c.closed
 	}
-	c.release()
-	return nil
 }
 
 func (c *ShmConn) release() {
 	for _, m := range []*mapping{c.mr, c.qpRing, c.cq, c.ring, c.peerMR, c.peerRing, c.peerCQ} {
-		m.close()
+		if !c.borrowed[m] {
+			m.close()
+		}
 	}
 	c.mu.Lock()
 	for _, m := range c.arenas {
