@@ -1289,3 +1289,71 @@ func TestShmNamedAfterClose(t *testing.T) {
 	}
 	readExactly(t, a2.c, []byte("again"), "listener reads")
 }
+
+// Protocol errors of 4.4, 4.6, 4.8, 4.10: the listener aborts (disconnect).
+// "none" is the control: a valid message, no abort.
+func TestShmProtocolErrors(t *testing.T) {
+	cases := []struct {
+		name  string
+		abort bool
+		do    func(ctx context.Context, sc *ShmConn) error
+	}{
+		{"none", false, func(ctx context.Context, sc *ShmConn) error { return sc.SendZero(ctx, kindCredit, 0) }},
+		{"eof-then-data", true, func(ctx context.Context, sc *ShmConn) error {
+			if err := sc.SendZero(ctx, kindEOF, 0); err != nil {
+				return err
+			}
+			return sc.Send(ctx, []byte("late"))
+		}},
+		{"credits-above-slot-count", true, func(ctx context.Context, sc *ShmConn) error {
+			sc.owed = 1
+			return sc.SendZero(ctx, kindCredit, 0)
+		}},
+		{"credits-for-large-ring", true, func(ctx context.Context, sc *ShmConn) error {
+			imm := Imm{Kind: kindCredit, Ring: 1, Credits: 1}
+			return sc.writeImm(ctx, sc.PeerHello.RingAddr, sc.PeerHello.RingRkey, nil, imm.Encode())
+		}},
+		{"credit-length-4", true, func(ctx context.Context, sc *ShmConn) error { return sc.SendZero(ctx, kindCredit, 4) }},
+		{"resume-without-park", true, func(ctx context.Context, sc *ShmConn) error { return sc.SendZero(ctx, kindCredit, 2) }},
+		{"data-length-0", true, func(ctx context.Context, sc *ShmConn) error { return sc.SendRaw(ctx, kindSmall, nil, false) }},
+		{"record-length-48", true, func(ctx context.Context, sc *ShmConn) error {
+			return sc.SendRaw(ctx, kindControl, Record{Type: recRequest, Seq: 1, Size: 32768, Count: 16}.Encode()[:48], false)
+		}},
+		{"record-unknown-type", true, func(ctx context.Context, sc *ShmConn) error {
+			return sc.SendRecord(ctx, Record{Type: 9, Seq: 1}, false)
+		}},
+		{"shrink-in-small-ring", true, func(ctx context.Context, sc *ShmConn) error {
+			return sc.SendRecord(ctx, Record{Type: recShrink, Seq: 1}, false)
+		}},
+		{"read-end-none-outstanding", true, func(ctx context.Context, sc *ShmConn) error {
+			return sc.SendZero(ctx, kindReadEnd, 1)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, sc, peer := shmPair(t)
+			if err := tc.do(ctx, sc); err != nil {
+				t.Fatalf("step send: %v", err)
+			}
+			wait := 3 * time.Second
+			if !tc.abort {
+				wait = 300 * time.Millisecond
+			}
+			deadline := time.Now().Add(wait)
+			for time.Now().Before(deadline) {
+				if _, _, _, closed := sc.Counters(); closed {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			_, _, _, closed := sc.Counters()
+			peer.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			buf := make([]byte, 16)
+			n, rerr := peer.Read(buf)
+			t.Logf("%s: listener disconnected %v; its read %q, %v", tc.name, closed, buf[:n], rerr)
+			if closed != tc.abort {
+				t.Fatalf("%s: listener disconnected %v, want %v", tc.name, closed, tc.abort)
+			}
+		})
+	}
+}
