@@ -1357,3 +1357,80 @@ func TestShmProtocolErrors(t *testing.T) {
 		})
 	}
 }
+
+// 2.8: an offered address whose port equals the dialed port is remembered;
+// the next dial goes to it directly, without a TCP connection to us.
+func TestNegotiationRememberedOffer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	shmLn, err := conn.Listen(ctx, "127.0.0.2:0", conn.WithProvider("shm"))
+	if err != nil {
+		t.Skipf("no 127.0.0.2 here: %v", err)
+	}
+	defer shmLn.Close()
+	port := shmLn.Addr().(*net.TCPAddr).Port
+	tcpLn, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Skipf("port %d not free on 127.0.0.1: %v", port, err)
+	}
+	defer tcpLn.Close()
+	ch := make(chan *SniffResult, 4)
+	go func() {
+		for {
+			c, err := tcpLn.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				// Offer 127.0.0.2:port, the same port as dialed.
+				r, err := Sniff(&fakeLocal{c, "127.0.0.2"}, ProviderCode("shm"), port)
+				if err == nil {
+					ch <- r
+				}
+			}()
+		}
+	}()
+	addr := tcpLn.Addr().String()
+	for i := 0; i < 2; i++ {
+		acc := acceptAsync(shmLn)
+		c, err := conn.Dial(ctx, addr, conn.WithProvider("shm"))
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		if _, err := c.Write([]byte(http2Preface + "x")); err != nil {
+			t.Fatal(err)
+		}
+		a := <-acc
+		if a.err != nil {
+			t.Fatalf("dial %d: accept: %v", i, a.err)
+		}
+		readExactly(t, a.c, []byte(http2Preface+"x"), "stream over shm")
+		a.c.Close()
+		c.Close()
+	}
+	n := 0
+	for done := false; !done; {
+		select {
+		case r := <-ch:
+			n++
+			t.Logf("negotiation %d: %v", n, r.Kind)
+		case <-time.After(200 * time.Millisecond):
+			done = true
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d negotiations for two dials, want 1 (the second dial goes to the remembered address)", n)
+	}
+}
+
+// fakeLocal reports another local IP so that the offer names it.
+type fakeLocal struct {
+	net.Conn
+	ip string
+}
+
+func (f *fakeLocal) LocalAddr() net.Addr {
+	a := *f.Conn.LocalAddr().(*net.TCPAddr)
+	a.IP = net.ParseIP(f.ip).To4()
+	return &a
+}
