@@ -681,6 +681,18 @@ func TestShmListenerChecks(t *testing.T) {
 		{"recv-cap-16385", "closed", func(*testing.T) mut {
 			return func(m []byte, f []int) ([]byte, []int) { m[10], m[11] = 0x01, 0x40; return m, f }
 		}},
+		{"recv-cap-0", "", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[10], m[11] = 0, 0; return m, f }
+		}},
+		{"recv-cap-5-below-slot-count-plus-7", "", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[10], m[11] = 5, 0; return m, f }
+		}},
+		{"recv-sge-0", "", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { m[14] = 0; return m, f }
+		}},
+		{"same-file-for-ring-and-cq", "", func(*testing.T) mut {
+			return func(m []byte, f []int) ([]byte, []int) { return m, []int{f[0], f[1], f[1]} }
+		}},
 		{"recv-sge-33", "closed", func(*testing.T) mut {
 			return func(m []byte, f []int) ([]byte, []int) { m[14] = 33; return m, f }
 		}},
