@@ -10,12 +10,12 @@ import (
 // firstPoll, each wait then doubles up to maxPoll.
 const (
 	firstPoll = time.Millisecond
-	maxPoll   = 50 * time.Millisecond
+	maxPoll   = 20 * time.Millisecond
 )
 
 // Eventually polls cond until it reports ok and returns the state it
 // reported with it. cond is called at once, then after waits that start at
-// 1 ms and double up to 50 ms, so an early condition costs little and a
+// 1 ms and double up to 20 ms, so an early condition costs little and a
 // loaded machine is not flooded with polls. If timeout passes first, t fails
 // (t.Fatalf) with what was awaited and the last state cond reported. Like
 // t.Fatalf, Eventually must be called from the test's goroutine.
