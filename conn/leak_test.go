@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
@@ -179,11 +180,11 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 				}
 				transfer(t, a, b, random(10), writeAll(a)) // connected and working
 				if tc.park {
-					waitFor(t, func() bool {
+					testutil.Eventually(t, 10*time.Second, "a to park or fail", testutil.Bool(func() bool {
 						a.mu.Lock()
 						defer a.mu.Unlock()
 						return a.st.Parks >= 1 || a.err != nil
-					})
+					}))
 				}
 				if tc.shrink {
 					transfer(t, a, b, random(100<<10), writeAll(a)) // enlarged
@@ -191,11 +192,11 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 						h := leaks.MustAdd(*tc.rule(a.qp.Num()))
 						defer h.Remove()
 					}
-					waitFor(t, func() bool {
+					testutil.Eventually(t, 10*time.Second, "a to shrink or fail", testutil.Bool(func() bool {
 						a.mu.Lock()
 						defer a.mu.Unlock()
 						return a.st.Shrinks == 1 || a.err != nil
-					})
+					}))
 				}
 				if tc.rule != nil && !tc.atShrink && !tc.atPark {
 					h := leaks.MustAdd(*tc.rule(a.qp.Num()))
