@@ -2,6 +2,7 @@ package conn
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -35,12 +36,10 @@ func wrapShm(name string) *fault.Injector {
 // in the background (Close, SetLinger).
 func waitLingering(t *testing.T) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); lingering.Load() != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d closed connections still lingering after 5 s", lingering.Load())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "closed connections to stop lingering", func() (bool, string) {
+		n := lingering.Load()
+		return n == 0, fmt.Sprintf("%d lingering", n)
+	})
 }
 
 // noLeaks checks, once every connection of the test is closed, that

@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -24,13 +25,10 @@ func TestNoSpinOnceThePeerClosed(t *testing.T) {
 		defer b.mu.Unlock()
 		return b.err != nil
 	}))
-	deadline := time.Now().Add(2 * time.Second)
-	for spinners.Load() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d completion loops still spin 2 s after the peer closed", spinners.Load())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 2*time.Second, "the completion loops to stop spinning after the peer closed", func() (bool, string) {
+		n := spinners.Load()
+		return n == 0, fmt.Sprintf("%d completion loops spin", n)
+	})
 }
 
 // While a connection is busy, the goroutines that wait on it take its
