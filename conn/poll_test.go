@@ -172,7 +172,7 @@ func TestBackstopRearmsForTheLaterSuspension(t *testing.T) {
 	resets := pendingResets.Load()
 	suspend()
 	_, first := suspended()
-	time.Sleep(spin / 2)
+	time.Sleep(spin / 2) // fixed: the second suspension comes half a spin later
 	again := suspend()
 	if _, tm := suspended(); tm != first {
 		t.Fatal("a second suspension made a new timer")
