@@ -222,7 +222,7 @@ func TestReadAfterClose(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() { _, err := tr.Read(); errc <- err }()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // fixed: Read must be blocked, a state it does not show
 	if err := tr.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
 
@@ -85,7 +86,7 @@ func TestAckLost(t *testing.T) {
 			errc := make(chan error, 1)
 			go func() { errc <- stream(a, b, streamSizes) }()
 			if tc.answerAt > 0 {
-				waitFor(t, func() bool { return reqs() >= tc.answerAt })
+				testutil.Eventually(t, 10*time.Second, "reqs() >= tc.answerAt", testutil.Bool(func() bool { return reqs() >= tc.answerAt }))
 				answer()
 			}
 			if err := <-errc; err != nil {
@@ -93,7 +94,7 @@ func TestAckLost(t *testing.T) {
 			}
 			if tc.late {
 				answer()
-				waitFor(t, func() bool { return a.Stats().StaleRecords >= 1 })
+				testutil.Eventually(t, 10*time.Second, "a.Stats().StaleRecords >= 1", testutil.Bool(func() bool { return a.Stats().StaleRecords >= 1 }))
 				if err := stream(a, b, streamSizes); err != nil {
 					t.Fatalf("after a late answer: %v", err)
 				}

@@ -3,11 +3,13 @@ package conn
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"testing"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -111,15 +113,10 @@ func TestIdlePoolsGiveMemoryBack(t *testing.T) {
 	// The writer gives its source back when the reader's writes into it
 	// complete, which its completion loop may see after the reader has
 	// the data.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	testutil.Eventually(t, 5*time.Second, "the first writer's pool to cache its source", func() (bool, string) {
 		s := w1.pool.Stats()
-		if s.FreeBytes > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first writer's pool caches nothing: %+v", s)
-		}
-	}
+		return s.FreeBytes > 0, fmt.Sprintf("%+v", s)
+	})
 	w2, r2 := pipe2(t, opts, opts)
 	transfer(t, w2, r2, random(1<<20), writeAll(w2))
 	ws, rs := w2.Stats(), r2.Stats()

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // What Write accepted before Close is delivered, as over TCP: on a first
@@ -82,7 +84,7 @@ func TestCloseDeliversWhatWriteAccepted(t *testing.T) {
 				if dial == "first dial" {
 					// The listener is remembered once a connection knew
 					// its verdict: the second dial goes to RDMA directly.
-					waitFor(t, func() bool { _, ok := lookupServer(addr, l.(*Listener).name); return ok })
+					testutil.Eventually(t, 10*time.Second, "the listener to be remembered", testutil.Bool(func() bool { _, ok := lookupServer(addr, l.(*Listener).name); return ok }))
 				}
 			}
 		})

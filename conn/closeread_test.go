@@ -54,7 +54,7 @@ func TestCloseDuringRead(t *testing.T) {
 						}
 					}
 				}()
-				time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+				time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond) // a random moment of the read
 				a.Close()
 				select {
 				case err := <-rerr:

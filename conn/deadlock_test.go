@@ -84,7 +84,7 @@ func exchangeBothWays(t *testing.T, round int, a, b *Conn, msgs [][]byte, delay 
 			errc <- nil
 		}()
 	}
-	time.Sleep(delay)
+	time.Sleep(delay) // fixed: the rings fill with nobody reading, the case under test
 	for _, c := range []*Conn{a, b} {
 		go func() {
 			got := make([]byte, len(want))

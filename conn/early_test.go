@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -194,11 +195,7 @@ func TestEarlyDialsBounded(t *testing.T) {
 	}
 	// One of the waiting dials is closed: it leaves the gate.
 	conns[0].Close()
-	for deadline := time.Now().Add(5 * time.Second); ks.early.inFlight() >= maxEarly; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the closed dial never left the gate")
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "the closed dial to leave the gate", testutil.Bool(func() bool { return ks.early.inFlight() < maxEarly }))
 	// The dial that timed out forgot the server, as any failed direct
 	// dial does; known again, it is dialed early again, and its dials
 	// still in flight count as before.

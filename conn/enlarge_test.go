@@ -255,7 +255,7 @@ func TestCloseUnblocksWriteWaitingForAck(t *testing.T) {
 	defer b.Close()
 	errc := make(chan error, 1)
 	go func() { _, err := a.Write(random(64 << 10)); errc <- err }()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // fixed: the write must be blocked when Close comes
 	a.Close()
 	select {
 	case err := <-errc:
@@ -348,7 +348,7 @@ func TestEnlargeRetriedAfterBackoff(t *testing.T) {
 	if s := a.Stats(); s.EnlargeFailures != 1 || s.Enlargements != 0 {
 		t.Fatalf("a write during the back-off asked again: %d failures, %d enlargements", s.EnlargeFailures, s.Enlargements)
 	}
-	time.Sleep(time.Until(sa.EnlargeRetryAt) + 10*time.Millisecond)
+	time.Sleep(time.Until(sa.EnlargeRetryAt) + 10*time.Millisecond) // fixed: the back-off must be over
 	transfer(t, a, b, random(64<<10), writeAll(a))
 	if s, sb := a.Stats(), b.Stats(); s.Enlargements != 1 || s.SendPhase != "large" || !s.EnlargeRetryAt.IsZero() || sb.EnlargementsServed != 1 {
 		t.Fatalf("after the back-off: %d enlargements, phase %q, retry at %v, %d served; want 1, large, none, 1",

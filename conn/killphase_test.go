@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // The peer process is killPeer in killpeer_test.go (package conn_test, same
@@ -43,11 +44,11 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 		}},
 		{"enlarging-peer-waits", 100, func(t *testing.T, c *Conn) {
 			// Our enlargement server is muted: the peer waits for an ack.
-			waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.enl.reqIn >= 1 })
+			testutil.Eventually(t, 10*time.Second, "c.enl.reqIn >= 1", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.enl.reqIn >= 1 }))
 		}},
 		{"enlarging-we-wait", 64 << 10, func(t *testing.T, c *Conn) {
 			// The peer holds our request: our write waits for its ack.
-			waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.enl.waiting && c.enl.attempts == 1 })
+			testutil.Eventually(t, 10*time.Second, "c.enl.waiting && c.enl.attempts == 1", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.enl.waiting && c.enl.attempts == 1 }))
 		}},
 		{"large", 40 << 10, func(t *testing.T, c *Conn) {
 			readN(t, c, 1<<20)
@@ -60,11 +61,11 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 			// direction: our large ring is retired with its last message
 			// still unread.
 			readN(t, c, 25*40<<10)
-			waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.rx[large].retiring })
+			testutil.Eventually(t, 10*time.Second, "c.rx[large].retiring", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.rx[large].retiring }))
 		}},
 		{"rendezvous", 8 << 20, func(t *testing.T, c *Conn) {
 			readN(t, c, 5<<20) // into the second advert of an 8 MiB message
-			waitFor(t, func() bool { return c.Stats().Rendezvous >= 1 })
+			testutil.Eventually(t, 10*time.Second, "c.Stats().Rendezvous >= 1", testutil.Bool(func() bool { return c.Stats().Rendezvous >= 1 }))
 			if s := c.Stats(); s.RendezvousIn < 2 {
 				t.Fatalf("%d adverts in, want the peer mid-transfer", s.RendezvousIn)
 			}

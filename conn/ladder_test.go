@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // A direction that keeps stalling climbs the ladder one phase at a time,
@@ -27,10 +28,7 @@ func TestLadderClimbs(t *testing.T) {
 	}
 
 	// Idle: back to small, then the first large phase again.
-	deadline := time.Now().Add(5 * time.Second)
-	for w.Stats().SendPhaseIndex != 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "the writer back in the small phase", testutil.Bool(func() bool { return w.Stats().SendPhaseIndex == 0 }))
 	if st := w.Stats(); st.SendPhaseIndex != 0 || st.Shrinks != 1 {
 		t.Fatalf("after idle: phase %d, %d shrinks; want 0 and 1", st.SendPhaseIndex, st.Shrinks)
 	}
@@ -72,7 +70,7 @@ func streamToSlowReader(t *testing.T, w, r *Conn, n, pause int) {
 				break
 			}
 			if off%pause < 4096 {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // a slow reader: the writer stalls and climbs
 			}
 		}
 		got <- b

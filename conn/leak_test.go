@@ -2,6 +2,7 @@ package conn
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
@@ -34,12 +36,10 @@ func wrapShm(name string) *fault.Injector {
 // in the background (Close, SetLinger).
 func waitLingering(t *testing.T) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); lingering.Load() != 0; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d closed connections still lingering after 5 s", lingering.Load())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 5*time.Second, "closed connections to stop lingering", func() (bool, string) {
+		n := lingering.Load()
+		return n == 0, fmt.Sprintf("%d lingering", n)
+	})
 }
 
 // noLeaks checks, once every connection of the test is closed, that
@@ -179,11 +179,11 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 				}
 				transfer(t, a, b, random(10), writeAll(a)) // connected and working
 				if tc.park {
-					waitFor(t, func() bool {
+					testutil.Eventually(t, 10*time.Second, "a to park or fail", testutil.Bool(func() bool {
 						a.mu.Lock()
 						defer a.mu.Unlock()
 						return a.st.Parks >= 1 || a.err != nil
-					})
+					}))
 				}
 				if tc.shrink {
 					transfer(t, a, b, random(100<<10), writeAll(a)) // enlarged
@@ -191,11 +191,11 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 						h := leaks.MustAdd(*tc.rule(a.qp.Num()))
 						defer h.Remove()
 					}
-					waitFor(t, func() bool {
+					testutil.Eventually(t, 10*time.Second, "a to shrink or fail", testutil.Bool(func() bool {
 						a.mu.Lock()
 						defer a.mu.Unlock()
 						return a.st.Shrinks == 1 || a.err != nil
-					})
+					}))
 				}
 				if tc.rule != nil && !tc.atShrink && !tc.atPark {
 					h := leaks.MustAdd(*tc.rule(a.qp.Num()))

@@ -64,7 +64,7 @@ func TestSetLinger(t *testing.T) {
 		a.Write(random(2 << 20))
 		a.SetLinger(1)
 		go func() {
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) // the peer fetches late: Close waits for it
 			io.Copy(io.Discard, b)
 		}()
 		start := time.Now()

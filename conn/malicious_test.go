@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -94,7 +95,7 @@ func snapshot(b *bufpool.Buffer) []byte { return bytes.Clone(b.Bytes()) }
 // connErr waits for c's connection to fail and returns why.
 func connErr(t *testing.T, c *Conn) error {
 	t.Helper()
-	waitFor(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.err != nil })
+	testutil.Eventually(t, 10*time.Second, "c.err != nil", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.err != nil }))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
@@ -142,7 +143,7 @@ func TestMaliciousPeer(t *testing.T) {
 	waitingForAck := func(t *testing.T, e *env) {
 		e.writeErr = make(chan error, 1)
 		go func() { _, err := e.victim.Write(random(64 << 10)); e.writeErr <- err }()
-		waitFor(t, func() bool { e.puppet.mu.Lock(); defer e.puppet.mu.Unlock(); return e.puppet.enl.reqIn == 1 })
+		testutil.Eventually(t, 10*time.Second, "e.puppet.enl.reqIn == 1", testutil.Bool(func() bool { e.puppet.mu.Lock(); defer e.puppet.mu.Unlock(); return e.puppet.enl.reqIn == 1 }))
 	}
 	ack := func(addr uint64, rkey, size, count uint32) record {
 		return record{typ: recAck, seq: 1, addr: addr, rkey: rkey, size: size, count: count}
@@ -337,7 +338,7 @@ func TestMaliciousPeer(t *testing.T) {
 			transfer(t, e.puppet, e.victim, random(40<<10), writeAll(e.puppet))
 			p := e.puppet
 			old := shrinkNow(t, p)
-			waitFor(t, func() bool { return e.victim.Stats().ShrinksServed == 1 })
+			testutil.Eventually(t, 10*time.Second, "e.victim.Stats().ShrinksServed == 1", testutil.Bool(func() bool { return e.victim.Stats().ShrinksServed == 1 }))
 			p.mu.Lock()
 			p.tx[large] = old
 			p.tx[large].credits = old.count
@@ -354,7 +355,7 @@ func TestMaliciousPeer(t *testing.T) {
 				t.Fatal(err)
 			}
 			old := shrinkNow(t, p)
-			waitFor(t, func() bool { e.victim.mu.Lock(); defer e.victim.mu.Unlock(); return e.victim.rx[large].retiring })
+			testutil.Eventually(t, 10*time.Second, "e.victim.rx[large].retiring", testutil.Bool(func() bool { e.victim.mu.Lock(); defer e.victim.mu.Unlock(); return e.victim.rx[large].retiring }))
 			p.mu.Lock()
 			p.tx[large] = old
 			p.mu.Unlock()
@@ -494,7 +495,7 @@ func TestMaliciousPeerReplaysHarmless(t *testing.T) {
 	transfer(t, puppet, victim, random(64<<10), writeAll(puppet))
 	served := victim.Stats().EnlargementsServed
 	forgeRecord(t, puppet, kindControl, record{typ: recRequest, seq: 1, size: DefaultLargeSize, count: DefaultLargeCount})
-	waitFor(t, func() bool { return victim.Stats().StaleRecords+puppet.Stats().StaleRecords >= 2 })
+	testutil.Eventually(t, 10*time.Second, "victim.Stats().StaleRecords+puppet.Stats().StaleRecords >= 2", testutil.Bool(func() bool { return victim.Stats().StaleRecords+puppet.Stats().StaleRecords >= 2 }))
 	transfer(t, victim, puppet, random(200<<10+7), writeAll(victim))
 	transfer(t, puppet, victim, random(200<<10+7), writeAll(puppet))
 	victim.mu.Lock()

@@ -338,7 +338,7 @@ func TestDialDoesNotWaitForTheAnswer(t *testing.T) {
 		_, err := nc.Read(make([]byte, 1))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // fixed: the read must be waiting, a state it does not show
 	if err := nc.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}

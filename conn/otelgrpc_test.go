@@ -2,6 +2,7 @@ package conn_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 func attr(s sdktrace.ReadOnlySpan, k string) attribute.Value {
@@ -67,20 +69,15 @@ func TestOtelgrpcBesideEnlargements(t *testing.T) {
 	srv.Stop()
 	// Connection spans end when grpc closes the conns; the server's
 	// after it reads the client's close.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "both connection spans to end", func() (bool, string) {
 		n := 0
 		for _, s := range rec.Ended() {
 			if s.Name() == "rdmagrpc.connection" {
 				n++
 			}
 		}
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connection spans ended, want 2", n)
-		}
-	}
+		return n == 2, fmt.Sprintf("%d connection spans ended, want 2", n)
+	})
 
 	byName := map[string][]sdktrace.ReadOnlySpan{}
 	for _, s := range rec.Ended() {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // TestPeerCheckHelper is the other user's process of TestPeerCheck: it
@@ -123,7 +125,7 @@ func TestPeerCheck(t *testing.T) {
 		if seenUID.Load() != nobody || seenPID.Load() <= 0 || seenPID.Load() == int32(os.Getpid()) {
 			t.Errorf("the check saw uid %d pid %d", seenUID.Load(), seenPID.Load())
 		}
-		waitFor(t, func() bool { return accepted.Load() == 1 })
+		testutil.Eventually(t, 10*time.Second, "accepted.Load() == 1", testutil.Bool(func() bool { return accepted.Load() == 1 }))
 	})
 	t.Run("check narrows", func(t *testing.T) {
 		addr, _ := listen(WithPeerCheck(func(pid, uid, gid int) error { return errors.New("no thanks") }))

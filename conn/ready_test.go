@@ -63,6 +63,8 @@ func TestReadOnReady(t *testing.T) {
 			pool := &countingPool{BufferPool: mem.DefaultBufferPool()}
 			got := make(chan int64, 1)
 			go func() {
+				// Fixed: the reader must be asleep in ReadOnReady, a
+				// state it does not show.
 				time.Sleep(50 * time.Millisecond)
 				got <- pool.out.Load() // while the reader waits
 				w.Write([]byte("hello"))

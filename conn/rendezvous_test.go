@@ -13,6 +13,7 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -229,7 +230,7 @@ func TestRendezvousForgedReadRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.ok {
-				waitFor(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.rdv.req.landed })
+				testutil.Eventually(t, 10*time.Second, "b.rdv.req.landed", testutil.Bool(func() bool { b.mu.Lock(); defer b.mu.Unlock(); return b.rdv.req.landed }))
 				got := dst.Bytes()
 				if !bytes.Equal(got[:4096], canary[:4096]) || !bytes.Equal(got[8192:], canary[8192:]) {
 					t.Fatal("bytes outside the destination segment changed")
@@ -242,7 +243,7 @@ func TestRendezvousForgedReadRequests(t *testing.T) {
 				b.mu.Unlock()
 				return
 			}
-			waitFor(t, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return a.err != nil })
+			testutil.Eventually(t, 10*time.Second, "a.err != nil", testutil.Bool(func() bool { a.mu.Lock(); defer a.mu.Unlock(); return a.err != nil }))
 			a.mu.Lock()
 			err = a.err
 			a.mu.Unlock()
@@ -262,7 +263,7 @@ func TestRendezvousForgedReadRequests(t *testing.T) {
 func waitAdvert(t *testing.T, c *Conn) inAdvert {
 	t.Helper()
 	var a inAdvert
-	waitFor(t, func() bool {
+	testutil.Eventually(t, 10*time.Second, "an advertisement to arrive", testutil.Bool(func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if len(c.rdv.in) == 0 {
@@ -270,15 +271,6 @@ func waitAdvert(t *testing.T, c *Conn) inAdvert {
 		}
 		a = c.rdv.in[0]
 		return true
-	})
+	}))
 	return a
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10 s")
-		}
-	}
 }

@@ -2,6 +2,7 @@ package conn_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/stats"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // rpcWorld is a gRPC server and client over rdmagrpc with otelgrpc's
@@ -137,15 +139,10 @@ func TestStatsHandlerEnlargementOnRPC(t *testing.T) {
 
 	// The server span ends after the client's has its answer: wait.
 	var clients, servers []sdktrace.ReadOnlySpan
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "101 client and 101 server RPC spans", func() (bool, string) {
 		clients, servers = w.spans(unaryName, trace.SpanKindClient), w.spans(unaryName, trace.SpanKindServer)
-		if len(clients) == 101 && len(servers) == 101 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if len(clients) != 101 || len(servers) != 101 {
-		t.Fatalf("%d client and %d server RPC spans, want 101 each", len(clients), len(servers))
-	}
+		return len(clients) == 101 && len(servers) == 101, fmt.Sprintf("%d client and %d server RPC spans", len(clients), len(servers))
+	})
 	senders := map[trace.SpanID]sdktrace.ReadOnlySpan{}
 	for _, s := range w.spans("rdmagrpc.enlargement.sender", trace.SpanKindUnspecified) {
 		senders[s.SpanContext().SpanID()] = s
@@ -241,7 +238,10 @@ func TestStatsHandlerOnlyOverlapping(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	time.Sleep(100 * time.Millisecond) // the server spans end
+	testutil.Eventually(t, 10*time.Second, "the server spans to end", func() (bool, string) {
+		n := len(w.spans(unaryName, trace.SpanKindServer))
+		return n == 101, fmt.Sprintf("%d of 101 server spans ended", n)
+	})
 	with := 0
 	for _, s := range w.spans(unaryName, trace.SpanKindUnspecified) {
 		for _, e := range enlargementEvents(s) {
@@ -272,9 +272,10 @@ func TestStatsHandlerRendezvousOnRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	var spans []sdktrace.ReadOnlySpan
-	for deadline := time.Now().Add(10 * time.Second); len(spans) == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "the client span to end", testutil.Bool(func() bool {
 		spans = w.spans(unaryName, trace.SpanKindClient)
-	}
+		return len(spans) > 0
+	}))
 	if len(spans) != 1 {
 		t.Fatalf("%d client spans, want 1", len(spans))
 	}
@@ -405,9 +406,10 @@ func TestStatsHandlerShrinkOnRPC(t *testing.T) {
 	}
 	const name = "grpc.testing.TestService/FullDuplexCall"
 	var spans []sdktrace.ReadOnlySpan
-	for deadline := time.Now().Add(10 * time.Second); len(spans) == 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "the client span to end", testutil.Bool(func() bool {
 		spans = w.spans(name, trace.SpanKindClient)
-	}
+		return len(spans) > 0
+	}))
 	if len(spans) != 1 {
 		t.Fatalf("%d client spans", len(spans))
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
@@ -35,7 +36,7 @@ func TestShrinkOnIdle(t *testing.T) {
 		t.Fatalf("not enlarged: %d and %d bytes registered", registered(a), registered(b))
 	}
 	last := time.Now()
-	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
+	testutil.Eventually(t, 10*time.Second, "registered(a) == smallBytes && registered(b) == smallBytes", testutil.Bool(func() bool { return registered(a) == smallBytes && registered(b) == smallBytes }))
 	lag := time.Since(last)
 	t.Logf("both sides back to %d bytes %v after the last write (idle shrink %v)", smallBytes, lag.Round(time.Millisecond), d)
 	if lag > d+time.Second {
@@ -61,7 +62,7 @@ func TestShrinkOff(t *testing.T) {
 	a, b := conns(t, WithIdleShrink(-1))
 	both(t, a, b)
 	before := registered(a)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // fixed: no shrink may happen meanwhile
 	if s := a.Stats(); s.Shrinks != 0 || s.ShrinksServed != 0 || registered(a) != before {
 		t.Fatalf("with shrinking off: %d shrinks, %d served, %d bytes registered (was %d)", s.Shrinks, s.ShrinksServed, registered(a), before)
 	}
@@ -72,7 +73,7 @@ func TestShrinkOff(t *testing.T) {
 func TestShrinkNotToAFreedSmallRing(t *testing.T) {
 	a, b := conns(t, WithIdleShrink(50*time.Millisecond), WithFreeSmallOnEnlarge())
 	transfer(t, a, b, random(256<<10), writeAll(a))
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // fixed: no shrink may happen meanwhile
 	if s := a.Stats(); s.Shrinks != 0 || s.SendPhase != "large" {
 		t.Fatalf("shrank towards a freed small ring: %d shrinks, phase %q", s.Shrinks, s.SendPhase)
 	}
@@ -96,7 +97,7 @@ func shrinkStream(seed uint64, n int, d time.Duration, w io.Writer) error {
 		}
 		n -= k
 		if r.IntN(3) == 0 {
-			time.Sleep(time.Duration(r.Int64N(int64(3 * d))))
+			time.Sleep(time.Duration(r.Int64N(int64(3 * d)))) // idle, at times past the idle shrink
 		}
 	}
 	return nil
@@ -153,7 +154,7 @@ func TestShrinkRacingWrites(t *testing.T) {
 	if sa.Shrinks == 0 || sb.Shrinks == 0 || sa.Enlargements < 2 || sb.Enlargements < 2 {
 		t.Errorf("the writes did not race shrinks: want shrinks and re-enlargements on both sides")
 	}
-	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
+	testutil.Eventually(t, 10*time.Second, "registered(a) == smallBytes && registered(b) == smallBytes", testutil.Bool(func() bool { return registered(a) == smallBytes && registered(b) == smallBytes }))
 	if sa.Shrinks != sb.ShrinksServed && a.Stats().Shrinks != b.Stats().ShrinksServed {
 		t.Errorf("a shrank %d times, b served %d", a.Stats().Shrinks, b.Stats().ShrinksServed)
 	}
@@ -172,11 +173,11 @@ func TestShrinkRecordCorrupt(t *testing.T) {
 	defer h.Remove()
 	a, b := conns(t, WithProvider(faults.Name()), WithIdleShrink(50*time.Millisecond))
 	transfer(t, a, b, random(256<<10), writeAll(a))
-	waitFor(t, func() bool { return a.Stats().Shrinks == 1 })
+	testutil.Eventually(t, 10*time.Second, "a.Stats().Shrinks == 1", testutil.Bool(func() bool { return a.Stats().Shrinks == 1 }))
 	if h.Fired() != 1 {
 		t.Fatalf("corruption fired %d times, want 1", h.Fired())
 	}
-	waitFor(t, func() bool { return b.Stats().BadRecords == 1 })
+	testutil.Eventually(t, 10*time.Second, "b.Stats().BadRecords == 1", testutil.Bool(func() bool { return b.Stats().BadRecords == 1 }))
 	if s := b.Stats(); s.ShrinksServed != 0 || s.RecvPhase != "large" {
 		t.Fatalf("receiver after a torn shrink record: %d served, phase %s", s.ShrinksServed, s.RecvPhase)
 	}
@@ -184,7 +185,7 @@ func TestShrinkRecordCorrupt(t *testing.T) {
 	if s := b.Stats(); s.EnlargementsServed != 2 || s.ShrinksServed != 1 {
 		t.Fatalf("receiver after the next enlargement: %d served, %d shrinks served; want 2, 1", s.EnlargementsServed, s.ShrinksServed)
 	}
-	waitFor(t, func() bool { return registered(a) == smallBytes && registered(b) == smallBytes })
+	testutil.Eventually(t, 10*time.Second, "registered(a) == smallBytes && registered(b) == smallBytes", testutil.Bool(func() bool { return registered(a) == smallBytes && registered(b) == smallBytes }))
 }
 
 // A writer that goes on writing into the large ring it shrank away from
@@ -197,7 +198,7 @@ func TestShrunkRingRefusesWrites(t *testing.T) {
 	puppet.mu.Lock()
 	old := puppet.tx[large]
 	puppet.mu.Unlock()
-	waitFor(t, func() bool { return victim.Stats().ShrinksServed == 1 })
+	testutil.Eventually(t, 10*time.Second, "victim.Stats().ShrinksServed == 1", testutil.Bool(func() bool { return victim.Stats().ShrinksServed == 1 }))
 	canary, err := victim.pool.Get(bufpool.Owner(1<<41), largeBytes, transport.AccessLocalWrite|transport.AccessRemoteWrite)
 	if err != nil {
 		t.Fatal(err)
@@ -229,8 +230,8 @@ func TestRetiringRingRefusesWrites(t *testing.T) {
 	puppet.mu.Lock()
 	old := puppet.tx[large]
 	puppet.mu.Unlock()
-	waitFor(t, func() bool { return puppet.Stats().Shrinks == 1 })
-	waitFor(t, func() bool { victim.mu.Lock(); defer victim.mu.Unlock(); return victim.rx[large].retiring })
+	testutil.Eventually(t, 10*time.Second, "puppet.Stats().Shrinks == 1", testutil.Bool(func() bool { return puppet.Stats().Shrinks == 1 }))
+	testutil.Eventually(t, 10*time.Second, "victim.rx[large].retiring", testutil.Bool(func() bool { victim.mu.Lock(); defer victim.mu.Unlock(); return victim.rx[large].retiring }))
 	puppet.mu.Lock()
 	for puppet.recordOut && puppet.err == nil {
 		puppet.waitLocked(puppet.changed, time.Now().Add(100*time.Millisecond))
@@ -257,11 +258,11 @@ func TestShrinkCountsFromTheWriteEnd(t *testing.T) {
 	if _, err := a.Write(data); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(d / 2)
+	time.Sleep(d / 2) // fixed: no shrink may happen meanwhile
 	if s := a.Stats(); s.Shrinks != 0 {
 		t.Fatalf("shrank %d times within %v of a write's end (idle shrink %v)", s.Shrinks, d/2, d)
 	}
-	waitFor(t, func() bool { return a.Stats().Shrinks == 1 })
+	testutil.Eventually(t, 10*time.Second, "a.Stats().Shrinks == 1", testutil.Bool(func() bool { return a.Stats().Shrinks == 1 }))
 }
 
 // A request that arrives while the old large ring is still full of
@@ -274,11 +275,11 @@ func TestEnlargeWhileRetiringIsRefused(t *testing.T) {
 	if _, err := a.Write(first); err != nil { // enlarges; b reads nothing yet
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return a.Stats().Shrinks == 1 })
+	testutil.Eventually(t, 10*time.Second, "a.Stats().Shrinks == 1", testutil.Bool(func() bool { return a.Stats().Shrinks == 1 }))
 	second := random(64 << 10)
 	done := make(chan error, 1)
 	go func() { _, err := a.Write(second); done <- err }()
-	waitFor(t, func() bool { return a.Stats().EnlargeFailures == 1 })
+	testutil.Eventually(t, 10*time.Second, "a.Stats().EnlargeFailures == 1", testutil.Bool(func() bool { return a.Stats().EnlargeFailures == 1 }))
 	got := make([]byte, len(first)+len(second))
 	if _, err := io.ReadFull(b, got); err != nil {
 		t.Fatal(err)
@@ -292,5 +293,5 @@ func TestEnlargeWhileRetiringIsRefused(t *testing.T) {
 	if s := a.Stats(); s.SendPhase != phaseNames[phaseRefused] || s.EnlargeRetryAt.IsZero() {
 		t.Fatalf("writer: phase %q, retry at %v; want refused for now", s.SendPhase, s.EnlargeRetryAt)
 	}
-	waitFor(t, func() bool { return registered(b) == smallBytes })
+	testutil.Eventually(t, 10*time.Second, "registered(b) == smallBytes", testutil.Bool(func() bool { return registered(b) == smallBytes }))
 }

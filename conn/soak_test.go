@@ -212,7 +212,7 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 	}
 	closed := false
 	if mode == soakClose {
-		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // a random moment of the traffic
 		victim := []*Conn{a, b}[rng.IntN(2)]
 		f.closes.Add(1)
 		closed = true

@@ -1,10 +1,13 @@
 package conn
 
 import (
+	"fmt"
 	"io"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // A's reader is stuck at B's second rendezvous chunk with no credit (B
@@ -23,7 +26,7 @@ func TestSpillKeepsBackPressure(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	testutil.Eventually(t, 10*time.Second, "b's ring full: a's writer waiting for credits", creditWaiting(a))
 	if _, err := b.Write(random(128 << 10)); err != nil { // two adverts
 		t.Fatal(err)
 	}
@@ -42,6 +45,7 @@ func TestSpillKeepsBackPressure(t *testing.T) {
 		buf := make([]byte, 128<<10)
 		io.ReadFull(a, buf) // chunk 1 lands; chunk 2 needs a credit
 	}()
+	// Fixed: the spill must stay bounded all the while b writes on.
 	time.Sleep(3 * time.Second)
 	s := a.Stats()
 	t.Logf("b wrote %d bytes after the rendezvous message; a spilled %d bytes, read %d", wrote.Load(), s.SpilledBytes, s.BytesIn)
@@ -65,7 +69,7 @@ func TestSpillBounded(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	testutil.Eventually(t, 10*time.Second, "b's ring full: a's writer waiting for credits", creditWaiting(a))
 	if _, err := b.Write(random(128 << 10)); err != nil { // two adverts
 		t.Fatal(err)
 	}
@@ -99,5 +103,16 @@ func TestSpillBounded(t *testing.T) {
 	a.mu.Unlock()
 	if err != nil {
 		t.Errorf("a's connection failed: %v", err)
+	}
+}
+
+// creditWaiting is an Eventually condition: c's writer waits for credits,
+// with no more than the one kept for control records left.
+func creditWaiting(c *Conn) func() (bool, string) {
+	return func() (bool, string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		credits := c.tx[c.sending].credits
+		return c.creditWait && credits <= 1, fmt.Sprintf("waiting for credits %v, %d credits", c.creditWait, credits)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
@@ -196,7 +197,7 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 		}
 		errc <- nil
 	}()
-	waitFor(t, func() bool { return a.Stats().CreditStalls == 1 })
+	testutil.Eventually(t, 10*time.Second, "a.Stats().CreditStalls == 1", testutil.Bool(func() bool { return a.Stats().CreditStalls == 1 }))
 	if _, err := io.ReadFull(b, make([]byte, 4000)); err != nil {
 		t.Fatal(err)
 	}
@@ -660,7 +661,7 @@ func TestTelemetryIDIsTheSpans(t *testing.T) {
 	}
 	nc.Close()
 	sc.Close()
-	waitFor(t, func() bool { return len(h.spansNamed(telemetry.SpanConn)) == 2 })
+	testutil.Eventually(t, 10*time.Second, "len(h.spansNamed(telemetry.SpanConn)) == 2", testutil.Bool(func() bool { return len(h.spansNamed(telemetry.SpanConn)) == 2 }))
 	for _, s := range h.spansNamed(telemetry.SpanConn) {
 		a := attrsOf(s.Attributes())
 		role := a[string(telemetry.KeyRole)].AsString()

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 )
 
 // These tests run the real rdmatrace binary as root against goreg
@@ -78,22 +80,6 @@ func (g *goregProc) round(t *testing.T) {
 	g.expect(t, "done")
 }
 
-// waitFor polls until cond holds or the timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) string {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, last := cond()
-		if ok {
-			return last
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last state:\n%s", what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // tmuxView runs cmdline in a detached tmux session of the given size and
 // returns a way to send it keys and to wait for text on its screen.
 type tmuxView struct {
@@ -124,7 +110,7 @@ func (v *tmuxView) keys(keys ...string) {
 
 func (v *tmuxView) screen() string { return v.run("capture-pane", "-p", "-t", v.session) }
 
-// has is a waitFor condition: the screen shows every one of subs.
+// has is an Eventually condition: the screen shows every one of subs.
 func (v *tmuxView) has(subs ...string) func() (bool, string) {
 	return func() (bool, string) {
 		s := v.screen()
@@ -161,14 +147,14 @@ func TestLiveViewTmux(t *testing.T) {
 	cmdline := fmt.Sprintf("%s --pid %d --go-package main --interval 200ms --no-verbs; sleep 30", rdmatrace, pid)
 	v := startTmux(t, "rdmatrace-test", cmdline, 150, 45)
 	screen, has := v.screen, v.has
-	waitFor(t, "the view to start", 20*time.Second, has("probes: libibverbs 0, Go 3", "no registrations seen yet"))
+	testutil.Eventually(t, 20*time.Second, "the view to start", has("probes: libibverbs 0, Go 3", "no registrations seen yet"))
 
 	g.round(t)
 	g.round(t)
 	// 2 rounds x 2 goroutines: 600 registrations of 64 KiB, 8 failures,
 	// 600 deregistrations, 12 enlargements.
 	row := fmt.Sprintf("%7d %-12s", pid, "goreg")
-	s := waitFor(t, "the goreg row", 10*time.Second, func() (bool, string) {
+	s := testutil.Eventually(t, 10*time.Second, "the goreg row", func() (bool, string) {
 		s := screen()
 		for line := range strings.Lines(s) {
 			f := strings.Fields(line)
@@ -189,15 +175,15 @@ func TestLiveViewTmux(t *testing.T) {
 	}
 
 	v.keys("s")
-	waitFor(t, "sort by regs", 5*time.Second, has("sort: regs ▼"))
+	testutil.Eventually(t, 5*time.Second, "sort by regs", has("sort: regs ▼"))
 	v.keys("r")
-	waitFor(t, "reverse sort", 5*time.Second, has("sort: regs ▲"))
+	testutil.Eventually(t, 5*time.Second, "reverse sort", has("sort: regs ▲"))
 	v.keys("/", "n", "o", "m", "a", "t", "c", "h", "Enter")
-	waitFor(t, "filter hiding the row", 5*time.Second, has("filter: nomatch", "no registrations seen yet"))
+	testutil.Eventually(t, 5*time.Second, "filter hiding the row", has("filter: nomatch", "no registrations seen yet"))
 	v.keys("c")
-	waitFor(t, "filter cleared", 5*time.Second, has("filter: (none)", row))
+	testutil.Eventually(t, 5*time.Second, "filter cleared", has("filter: (none)", row))
 	v.keys("q")
-	waitFor(t, "quit", 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, "quit", func() (bool, string) {
 		s := screen()
 		return !strings.Contains(s, "rdmatrace — memory registration"), s
 	})
@@ -216,10 +202,10 @@ func TestLiveViewTmuxDiscovers(t *testing.T) {
 	cmdline := fmt.Sprintf("%s --go-package main --interval 200ms --no-verbs; sleep 30", rdmatrace)
 	v := startTmux(t, "rdmatrace-disc", cmdline, 200, 50)
 	screen, has := v.screen, v.has
-	waitFor(t, "the view to start", 20*time.Second, has("watching every process: 0 rdmagrpc executables probed"))
+	testutil.Eventually(t, 20*time.Second, "the view to start", has("watching every process: 0 rdmagrpc executables probed"))
 	g1 := startGoreg(t, goreg, "-g", "2", "-n", "40", "-enlarge", "1")
 	g2 := startGoreg(t, stripped, "-g", "1", "-n", "30", "-fail", "3", "-enlarge", "2")
-	waitFor(t, "both found", 5*time.Second, has("2 rdmagrpc executables probed, 2 processes running them"))
+	testutil.Eventually(t, 5*time.Second, "both found", has("2 rdmagrpc executables probed, 2 processes running them"))
 	g1.round(t)
 	g2.round(t)
 	row := func(pid int, comm string, regs, fails, enl string) func() (bool, string) {
@@ -235,14 +221,14 @@ func TestLiveViewTmuxDiscovers(t *testing.T) {
 			return false, s
 		}
 	}
-	waitFor(t, "goreg's row", 5*time.Second, row(g1.cmd.Process.Pid, "goreg", "80", "0", "2"))
-	s := waitFor(t, "the stripped goreg's row", 5*time.Second, row(g2.cmd.Process.Pid, "goreg-s", "30", "3", "2"))
+	testutil.Eventually(t, 5*time.Second, "goreg's row", row(g1.cmd.Process.Pid, "goreg", "80", "0", "2"))
+	s := testutil.Eventually(t, 5*time.Second, "the stripped goreg's row", row(g2.cmd.Process.Pid, "goreg-s", "30", "3", "2"))
 	t.Logf("screen:\n%s", s)
 	g2.stdin.Close()
 	g2.cmd.Wait()
-	waitFor(t, "the exited mark", 5*time.Second, has("goreg-s gone"))
+	testutil.Eventually(t, 5*time.Second, "the exited mark", has("goreg-s gone"))
 	v.keys("x")
-	waitFor(t, "exited rows hidden", 5*time.Second, func() (bool, string) {
+	testutil.Eventually(t, 5*time.Second, "exited rows hidden", func() (bool, string) {
 		s := screen()
 		return !strings.Contains(s, "goreg-s") && strings.Contains(s, fmt.Sprintf("%7d goreg", g1.cmd.Process.Pid)), s
 	})

@@ -85,7 +85,7 @@ func TestConnectEarly(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- q.Established(ctx) }()
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // fixed: the wait must have begun, a state it does not show
 		start := time.Now()
 		q.Close()
 		if err := <-done; err == nil {
@@ -169,7 +169,7 @@ func TestConnectEarly(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- q.(transport.DeadlineEstablisher).EstablishedBy(time.Now().Add(time.Minute)) }()
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // fixed: the wait must have begun, a state it does not show
 		start := time.Now()
 		q.Close()
 		if err := <-done; !errors.Is(err, net.ErrClosed) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -14,17 +15,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 func waitState(t *testing.T, qp transport.QP, st transport.QPState) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); qp.State() != st; {
-		if time.Now().After(deadline) {
-			t.Fatalf("QP %d state %v, want %v", qp.Num(), qp.State(), st)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	testutil.Eventually(t, 5*time.Second, fmt.Sprintf("QP %d in state %v", qp.Num(), st), func() (bool, string) {
+		got := qp.State()
+		return got == st, got.String()
+	})
 }
 
 func TestRemoteAccessErrors(t *testing.T) {
@@ -137,7 +137,7 @@ func TestRNR(t *testing.T) {
 	t.Run("infinite then posted", func(t *testing.T) {
 		cli, srv := pair(t, nil) // RNRRetry 7
 		cli.qp.PostSend(transport.SendWR{ID: 1, Opcode: transport.OpSend, SG: cli.sge(0, 8), Signaled: true}, transport.SendWR{ID: 2, Opcode: transport.OpSend, Signaled: true})
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // fixed: nothing may complete while the retries go on
 		pollNone(t, cli.scq)
 		srv.qp.PostRecv(transport.RecvWR{ID: 10, SG: srv.sge(0, 8)}, transport.RecvWR{ID: 11})
 		wc := poll(t, cli.scq, 2)
@@ -239,7 +239,7 @@ func TestNotifyWait(t *testing.T) {
 	pollNone(t, srv.rcq)
 	done := make(chan error, 1)
 	go func() { done <- srv.rcq.Wait(context.Background()) }()
-	time.Sleep(5 * time.Millisecond)
+	time.Sleep(5 * time.Millisecond) // fixed: Wait must be asleep, a state it does not show
 	cli.qp.PostSend(transport.SendWR{Opcode: transport.OpSend})
 	select {
 	case err := <-done:
@@ -260,7 +260,7 @@ func TestNotifyWait(t *testing.T) {
 		t.Fatalf("wait on unarmed CQ: %v", err)
 	}
 	// Close unblocks a waiter.
-	go func() { time.Sleep(5 * time.Millisecond); cli.scq.Close() }()
+	go func() { time.Sleep(5 * time.Millisecond); cli.scq.Close() }() // while Wait sleeps
 	if err := cli.scq.Wait(context.Background()); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("wait after close: %v", err)
 	}
@@ -412,17 +412,12 @@ func TestConnectRequestOutOfDescriptorsRefused(t *testing.T) {
 	defer l.Close()
 	c, fds := rawSocket(t, l, infoFDs)
 	sl := l.(*listener)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+	testutil.Eventually(t, 5*time.Second, "the listener to take the socket", func() (bool, string) {
 		sl.mu.Lock()
 		n := len(sl.pending)
 		sl.mu.Unlock()
-		if n == 1 {
-			break // accepted, its request not read yet
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the listener never took the socket")
-		}
-	}
+		return n == 1, fmt.Sprintf("%d pending", n) // accepted, its request not read yet
+	})
 	restore := outOfDescriptors(t)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	werr := writeMsg(c, []byte{msgConnect}, fds...)
@@ -566,11 +561,7 @@ func TestListenerAcceptsAgainAfterOutOfDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	sl := l.(*listener)
-	for deadline := time.Now().Add(5 * time.Second); sl.lastWarn.Load() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the listener never tried to take the socket")
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "the listener to try to take the socket", testutil.Bool(func() bool { return sl.lastWarn.Load() != 0 }))
 	restore()
 	// Not a request: the listener, once it has the socket, closes it.
 	if err := unix.Sendmsg(fd, []byte{0xee}, nil, nil, 0); err != nil {

@@ -170,7 +170,7 @@ func flood(d transport.Device, addr string) error {
 				last = time.Now()
 			case unix.EINTR:
 			case unix.EAGAIN:
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // the socket is full: retry shortly
 			default:
 				return
 			}

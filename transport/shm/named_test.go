@@ -3,6 +3,7 @@ package shm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -310,11 +312,10 @@ func TestControlFilesNamedAcrossProcesses(t *testing.T) {
 		if err := s.write(q, 0, 4, raddr+64, rkey); err != nil {
 			t.Fatalf("write to the peer: %v", err)
 		}
-		for end := time.Now().Add(5 * time.Second); string(s.mem[64:68]) != "pong"; time.Sleep(time.Millisecond) {
-			if time.Now().After(end) {
-				t.Fatalf("the peer's write never came: %q", s.mem[64:68])
-			}
-		}
+		testutil.Eventually(t, 5*time.Second, "the peer's write", func() (bool, string) {
+			got := string(s.mem[64:68])
+			return got == "pong", fmt.Sprintf("%q", got)
+		})
 	}
 	if got := countHandshakes(connect); got != (handshakeCounts{fdsSent: 1}) {
 		t.Fatalf("first connection: %+v, want our descriptors sent and the peer's received", got)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -238,8 +239,8 @@ func TestWriteRead(t *testing.T) {
 // deadline).
 func TestListenerCloseAfterAccept(t *testing.T) {
 	for i := range 40 {
-		cli, srv := pair(t, nil) // pair closes its listener as soon as Accept returns
-		time.Sleep(2 * time.Millisecond)
+		cli, srv := pair(t, nil)         // pair closes its listener as soon as Accept returns
+		time.Sleep(2 * time.Millisecond) // fixed: the listener's Close must not cut it meanwhile
 		if cs, ss := cli.qp.State(), srv.qp.State(); cs == transport.QPSErr || ss == transport.QPSErr {
 			t.Fatalf("iteration %d: connection cut by listener Close: client %v, server %v", i, cs, ss)
 		}
@@ -272,14 +273,7 @@ func TestHandleRequests(t *testing.T) {
 	// The first request is read with no handler: its handshake waits to
 	// hand it to Accept, out of the pending set.
 	first := dial("first")
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if l.requestsRead.Load() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first request was never read")
-		}
-	}
+	testutil.Eventually(t, 5*time.Second, "the first request to be read", testutil.Bool(func() bool { return l.requestsRead.Load() == 1 }))
 	got := make(chan string, 2)
 	l.HandleRequests(func(r transport.ConnRequest) {
 		got <- string(bytes.TrimRight(r.PeerPrivate(), "\x00"))

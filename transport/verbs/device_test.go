@@ -418,7 +418,7 @@ func TestVerbsWaitHonoursContext(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- cq.Wait(context.Background()) }()
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // fixed: Wait must be asleep, a state it does not show
 	if err := cq.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func TestVerbsCQOverflow(t *testing.T) {
 		total += 16
 		// Free the sender's queue without waiting on it: once the
 		// receiver's CQ is full the sends may never complete.
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // fixed: a completion to wait for may never come
 		n, _ := cli.cq.Poll(wc[:])
 		for _, c := range wc[:n] {
 			if c.Err() != nil && senderErr == nil {
@@ -103,7 +103,7 @@ func TestVerbsCQOverflow(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no ErrCQOverflow after %d receives into a %d-entry CQ (sender: %v)", total, capacity, senderErr)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // then the next round of receives
 	}
 }
 

@@ -90,7 +90,7 @@ func TestRXEPairTransfer(t *testing.T) {
 		if ctx.Err() != nil || !(errors.Is(err, transport.ErrConnRefused) || isTimeout(err)) {
 			t.Fatalf("Connect: %v", err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // the peer's listener may not be up yet: retry
 	}
 	grant := s.qp.PeerPrivate()
 	raddr, rkey := getU64(grant), getU32(grant[8:])
