@@ -28,22 +28,12 @@ const (
 
 var connIDs atomic.Uint64
 
-// rxRing is a ring the peer writes into. The peer picks slots in order
-// (its message count modulo the ring size), so a slot's credit may go back
-// only once every slot before it is free too: a control record, consumed
-// on arrival, must not let the peer overwrite unread data before it.
+// rxRing is a ring the peer writes into, with the account of its slots
+// and credits (rxCredits).
 type rxRing struct {
-	buf      *bufpool.Buffer
-	size     int
-	count    int
-	arrived  uint64 // messages landed: the next one takes slot arrived%count
-	released uint64 // slots before this one are free
-	consumed []bool // per slot: consumed, waiting for the slots before it
-	freed    int    // released, credit not yet returned
-	urgent   bool   // a record's slot was released: return credits now
-	// retiring: the writer shrank away from this ring (shrink.go); it
-	// takes nothing more and returns no credits, and goes once drained.
-	retiring  bool
+	buf  *bufpool.Buffer
+	size int
+	rxCredits
 	retiredAt time.Time
 	// stamp: a large ring, whose last landing is noted for the shrink
 	// under pressure (pressure.go); askedAt: when its writer was last
@@ -57,44 +47,26 @@ type rxRing struct {
 }
 
 func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {
-	return rxRing{buf: buf, size: size, count: count, consumed: make([]bool, count)}
+	return rxRing{buf: buf, size: size, rxCredits: newRxCredits(count)}
 }
 
 // land takes the next slot for an arriving message; ok is false when the
 // peer wrote past the credits it was given.
 func (r *rxRing) land() (slot int, ok bool) {
-	if r.retiring || r.arrived-r.released >= uint64(r.count) {
-		return 0, false
-	}
-	slot = int(r.arrived % uint64(r.count))
-	if r.stamp {
+	if slot, ok = r.arrive(); ok && r.stamp {
 		r.lastLanding = time.Now()
 	}
-	r.arrived++
-	return slot, true
-}
-
-// consume frees a slot and releases every slot, from the oldest on, that
-// is free.
-func (r *rxRing) consume(slot int) {
-	r.consumed[slot] = true
-	for r.released < r.arrived && r.consumed[r.released%uint64(r.count)] {
-		r.consumed[r.released%uint64(r.count)] = false
-		r.released++
-		if !r.retiring {
-			r.freed++
-		}
-	}
+	return slot, ok
 }
 
 // txRing is a ring of the peer's we write into, with our staging for it.
 type txRing struct {
-	addr       uint64
-	rkey       uint32
-	size       int
-	count      int
-	msgs       uint64 // messages posted into the peer's ring
-	credits    int
+	addr  uint64
+	rkey  uint32
+	size  int
+	count int
+	msgs  uint64 // messages posted into the peer's ring
+	txCredits
 	stage      *bufpool.Buffer
 	stageSize  int
 	stageSlots int    // staging slots for data
@@ -332,7 +304,8 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 // use the connection (awaitOpenLocked).
 func (c *Conn) openLocked(peer hello) {
 	t := &c.tx[small]
-	t.addr, t.rkey, t.size, t.count, t.credits = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount), int(peer.slotCount)
+	t.addr, t.rkey, t.size, t.count = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount)
+	t.grant(t.count)
 	c.peerParks = peer.flags&helloParks != 0
 	if c.tel.Recording() {
 		c.lookUpPathLocked() // for the connection span; else Stats asks
@@ -577,17 +550,7 @@ func (c *Conn) readRingLocked(b []byte) int {
 }
 
 // takeCreditsLocked picks freed slots to piggyback on an outgoing message.
-func (c *Conn) takeCreditsLocked() (ring, n int) {
-	for _, r := range []int{large, small} {
-		if f := c.rx[r].freed; f > 0 {
-			n = min(f, maxCredits)
-			c.rx[r].freed -= n
-			c.rx[r].urgent = false
-			return r, n
-		}
-	}
-	return small, 0
-}
+func (c *Conn) takeCreditsLocked() (ring, n int) { return piggyback(&c.rx) }
 
 // returnCreditsLocked sends freed slots back in a credit message once
 // half a ring is free and no credit message is on its way already (data
@@ -596,21 +559,16 @@ func (c *Conn) returnCreditsLocked() {
 	if c.creditOut || c.err != nil || c.qp == nil {
 		return
 	}
-	for _, r := range []int{large, small} {
-		rx := &c.rx[r]
-		if rx.freed == 0 || rx.freed < max(1, rx.count/2) && !rx.urgent {
-			continue
-		}
-		n := min(rx.freed, maxCredits)
-		if err := c.postCtlLocked(kindCredit, r, n); err != nil {
-			c.failLocked(err)
-			return
-		}
-		rx.freed -= n
-		rx.urgent = false
-		c.creditOut = true
+	r, ok := creditDue(&c.rx)
+	if !ok {
 		return
 	}
+	if err := c.postCtlLocked(kindCredit, r, c.rx[r].pending()); err != nil {
+		c.failLocked(err)
+		return
+	}
+	c.rx[r].take()
+	c.creditOut = true
 }
 
 func (c *Conn) postCtlLocked(kind, ring, credits int) error {
@@ -701,8 +659,7 @@ func (c *Conn) write(b []byte) (int, error) {
 				c.waitLocked(ch, c.wdl)
 				continue
 			}
-			const reserve = 1 // kept for control records
-			if t.credits > reserve && t.seq-t.done < uint64(t.stageSlots) {
+			if t.canSendData() && t.seq-t.done < uint64(t.stageSlots) {
 				break
 			}
 			if stalled.IsZero() {
@@ -722,7 +679,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		ring := int(c.sending)
 		seq := t.seq
 		t.seq++
-		t.credits--
+		t.use()
 		c.posting = true
 		c.mu.Unlock()
 
@@ -810,9 +767,7 @@ func (c *Conn) discardLocked() {
 		if e.ring == rdvRing || e.spill != nil {
 			continue
 		}
-		r := &c.rx[e.ring]
-		r.consume(int(e.slot))
-		r.urgent = true
+		c.rx[e.ring].consumeNow(int(e.slot))
 	}
 	c.recvQ, c.readOff, c.spilled = nil, 0, 0
 	c.rdv.in = nil // adverts we will not fetch; the peer knows (kindClose)

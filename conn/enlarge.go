@@ -171,8 +171,9 @@ func (c *Conn) enlarge() error {
 		// its inline copy is the copy into the send buffer.
 		// Staging of what we asked for at most: the peer's ack sizes its
 		// own ring, never our memory.
-		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count), credits: int(ack.count),
+		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count),
 			stageSize: min(int(ack.size), want.Size), stageSlots: min(int(ack.count), want.Count)}
+		t.grant(t.count)
 		if c.enl.capped = int(ack.size)*int(ack.count) < want.Size*want.Count; c.enl.capped {
 			// Stats: the phase we got, not the one we asked for.
 			c.enl.level = c.o.levelFor(int(ack.size) * int(ack.count))
@@ -244,16 +245,13 @@ func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start ti
 // requests or acks, wait for each other forever. Data keeps that credit
 // too (write), and a reader has one read request out at a time.
 func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) error {
-	need := 2
-	if r.typ == recRead {
-		need = 1
-	}
-	for c.recordOut || c.tx[c.sending].credits < need || c.posting || c.parked {
+	read := r.typ == recRead
+	for c.recordOut || !c.tx[c.sending].canSendRecord(read) || c.posting || c.parked {
 		ch := c.changed
 		if c.posting {
 			c.recordWaits = true
 		}
-		if r.typ == recRead && c.tx[c.sending].credits < need {
+		if read && !c.tx[c.sending].canSendRecord(read) {
 			c.spillLocked()
 		}
 		switch {
@@ -286,7 +284,7 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 		return err
 	}
 	t.msgs++
-	t.credits--
+	t.use()
 	c.recordOut = true
 	c.st.MessagesOut++
 	return nil
@@ -458,7 +456,7 @@ var markerCalls atomic.Uint64
 // deregistered and freed.
 func (c *Conn) maybeFreeSmallLocked() {
 	r := &c.rx[small]
-	if !c.o.freeSmall || r.buf == nil || c.rx[large].arrived == 0 || r.released != r.arrived {
+	if !c.o.freeSmall || r.buf == nil || c.rx[large].arrived == 0 || !r.drained() {
 		return
 	}
 	if err := r.buf.Discard(); err != nil {
@@ -466,6 +464,6 @@ func (c *Conn) maybeFreeSmallLocked() {
 		c.st.FreeSmallErrors++
 	}
 	r.buf = nil
-	r.freed = 0 // nothing to give back: the peer writes there no more
+	r.forgo() // nothing to give back: the peer writes there no more
 	c.st.SmallFreed = true
 }

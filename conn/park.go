@@ -167,9 +167,8 @@ func (c *Conn) parkMessageLocked(n int) error {
 			// peer that parks into it does not write there either.
 			return fmt.Errorf("%w: park of a small ring that is gone", errProtocol)
 		}
-		credits := min(r.freed, maxCredits)
-		r.freed -= credits
-		if r.arrived != r.released {
+		credits := r.takeForPark()
+		if !r.drained() {
 			c.st.ParksDeclined++
 			return c.postParkLocked(lenDecline, credits)
 		}
