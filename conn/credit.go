@@ -182,3 +182,25 @@ func creditDue(rx *[2]rxRing) (ring int, ok bool) {
 	}
 	return 0, false
 }
+
+// takeCreditsLocked picks freed slots to piggyback on an outgoing message.
+func (c *Conn) takeCreditsLocked() (ring, n int) { return piggyback(&c.rx) }
+
+// returnCreditsLocked sends freed slots back in a credit message once
+// half a ring is free and no credit message is on its way already (data
+// messages carry credits too).
+func (c *Conn) returnCreditsLocked() {
+	if c.creditOut || c.err != nil || c.qp == nil {
+		return
+	}
+	r, ok := creditDue(&c.rx)
+	if !ok {
+		return
+	}
+	if err := c.postCtlLocked(kindCredit, r, c.rx[r].pending()); err != nil {
+		c.failLocked(err)
+		return
+	}
+	c.rx[r].take()
+	c.creditOut = true
+}
