@@ -136,13 +136,13 @@ type Conn struct {
 	closed  bool
 	aborted bool // the QP was put in error and disconnected
 	// Parking (park.go): offered, our hello offered it; peerParks, the
-	// peer's did; parked, our small direction is parked until the peer's
-	// answer; parkArmed, the idle timer is set for a park.
-	offered, peerParks, parked, parkArmed bool
-	err                                   error
-	rdl                                   time.Time
-	wdl                                   time.Time
-	st                                    Stats
+	// peer's did; parkArmed, the idle timer is set for a park. Whether
+	// our small direction is parked is c.enl.parked.
+	offered, peerParks, parkArmed bool
+	err                           error
+	rdl                           time.Time
+	wdl                           time.Time
+	st                            Stats
 
 	wg sync.WaitGroup // the enlargement server
 

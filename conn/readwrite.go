@@ -125,7 +125,7 @@ func (c *Conn) writeElem(b []byte) (int, error) {
 	if err == nil {
 		err = c.writeErrLocked()
 	}
-	stalling := c.enl.phase == phaseLarge && c.enl.stalls >= climbStalls // the ladder (climb)
+	stalling := c.enl.stalling() // the ladder (climb)
 	c.mu.Unlock()
 	if err != nil {
 		return 0, c.opErr("write", err)
@@ -170,7 +170,7 @@ func (c *Conn) write(b []byte) (int, error) {
 				return n, nil
 			}
 			t = &c.tx[c.sending]
-			if c.parked { // the answer to our park: a round trip, not a stall
+			if c.enl.parked { // the answer to our park: a round trip, not a stall
 				c.waitLocked(ch, c.wdl)
 				continue
 			}

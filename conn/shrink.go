@@ -106,8 +106,7 @@ func (c *Conn) shrinkLocked() error {
 	}
 	// The record was the last message into the large ring.
 	c.sending = small
-	c.enl.phase = phaseSmall
-	c.enl.shrunk = true
+	c.enl.shrank()
 	if t.stage != nil {
 		if derr := t.stage.Discard(); derr != nil {
 			c.st.ShrinkDiscardErrors++ // still registered: the pool reports it at Close
