@@ -62,38 +62,28 @@ var outcomeNames = [...]string{"", "enlarged", "refused by peer", "ack timed out
 // enlargement is the state of the enlargement protocol on both sides of a connection.
 type enlargement struct {
 	// as sender of the data
-	phase    int
-	reqSeq   uint32 // of the request in flight
-	waiting  bool
-	ack      *record // a valid acknowledgement of reqSeq, not yet used
-	refused  bool
-	attempts int
-	tel      *telemetry.Enlargement // the sender's, until it ends
-	localErr error                  // why our large staging failed
+	sendPhase         // the state machine (phase.go)
+	reqSeq    uint32  // of the request in flight
+	ack       *record // a valid acknowledgement of reqSeq, not yet used
+	refused   bool
+	attempts  int
+	tel       *telemetry.Enlargement // the sender's, until it ends
+	localErr  error                  // why our large staging failed
 	// Shrinking (shrink.go): the peer keeps its small ring once enlarged
 	// (its ack says so), so we may go back to it; lastLarge is when data
-	// last went into the large ring; shrunk: credits for the large ring
-	// the peer sent before it saw our shrink are dropped until the next
-	// ack; idleTimer is armed for the shrink while the direction is
-	// large, and for a park (park.go) while it is small.
+	// last went into the large ring; idleTimer is armed for the shrink
+	// while the direction is large, and for a park (park.go) while it is
+	// small.
 	peerKeepsSmall bool
 	lastLarge      time.Time
-	shrunk         bool
 	idleTimer      *time.Timer
-	backoff        time.Duration // after the last failure (0: none in a row)
-	retryAt        time.Time     // a failed direction asks again from then on
-	pressure       bool          // the peer asked us to shrink (pressure.go)
-	pressureUntil  time.Time     // when that ask lapses
+	pressure       bool      // the peer asked us to shrink (pressure.go)
+	pressureUntil  time.Time // when that ask lapses
 	// The ladder (WithBufferPhases): level is the large phase asked for
-	// next, and held once enlarged (0: the first); stalls are the credit
-	// stalls in it, counted from stallsFrom (ms since epoch, ladder.go);
-	// capped: the peer gave less than asked, so climbing further is no
-	// use; climbing: the shrink under way is a step up.
-	level      int
-	stalls     uint32
-	stallsFrom uint32
-	capped     bool
-	climbing   bool
+	// next, and held once enlarged (0: the first); capped: the peer gave
+	// less than asked, so climbing further is no use.
+	level  int
+	capped bool
 	// as receiver of the data
 	reqIn     uint32 // the latest request seen
 	answered  uint32 // the newest request answered
@@ -121,11 +111,11 @@ func (c *Conn) enlarge() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.enl.phase != phaseSmall {
-		if c.enl.phase == phaseLarge || time.Now().Before(c.enl.retryAt) {
+		if !c.enl.retry() {
 			return nil
 		}
 		// The back-off of a failed enlargement is over: ask again.
-		c.enl.phase, c.enl.refused, c.enl.localErr = phaseSmall, false, nil
+		c.enl.refused, c.enl.localErr = false, nil
 	}
 	start := time.Now()
 	from := uint32(c.tx[small].size)
@@ -171,13 +161,14 @@ func (c *Conn) enlarge() error {
 		// its inline copy is the copy into the send buffer.
 		// Staging of what we asked for at most: the peer's ack sizes its
 		// own ring, never our memory.
-		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count), credits: int(ack.count),
+		t := txRing{addr: ack.addr, rkey: ack.rkey, size: int(ack.size), count: int(ack.count),
 			stageSize: min(int(ack.size), want.Size), stageSlots: min(int(ack.count), want.Count)}
+		t.grant(t.count)
 		if c.enl.capped = int(ack.size)*int(ack.count) < want.Size*want.Count; c.enl.capped {
 			// Stats: the phase we got, not the one we asked for.
 			c.enl.level = c.o.levelFor(int(ack.size) * int(ack.count))
 		}
-		c.enl.stalls = 0
+		c.enl.stallsCounted()
 		if int(c.inlineMax) < t.size {
 			c.mu.Unlock()
 			regStart := time.Now()
@@ -210,14 +201,12 @@ func (c *Conn) enlarge() error {
 
 func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start time.Time) {
 	d := time.Since(start)
-	c.enl.phase = phase
 	if outcome == outcomeEnlarged {
 		c.st.Enlargements++
-		c.enl.backoff = 0
+		c.enl.enlarged()
 	} else {
 		c.st.EnlargeFailures++
-		c.enl.backoff = min(max(2*c.enl.backoff, enlargeBackoffMin), enlargeBackoffMax)
-		c.enl.retryAt = time.Now().Add(c.enl.backoff)
+		c.enl.failed(phase, time.Now())
 	}
 	c.st.LastEnlargeFrom, c.st.LastEnlargeTo = int(from), int(to)
 	c.st.LastEnlargeDuration = d
@@ -244,16 +233,13 @@ func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start ti
 // requests or acks, wait for each other forever. Data keeps that credit
 // too (write), and a reader has one read request out at a time.
 func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) error {
-	need := 2
-	if r.typ == recRead {
-		need = 1
-	}
-	for c.recordOut || c.tx[c.sending].credits < need || c.posting || c.parked {
+	read := r.typ == recRead
+	for c.recordOut || !c.tx[c.sending].canSendRecord(read) || c.posting || c.enl.parked {
 		ch := c.changed
 		if c.posting {
 			c.recordWaits = true
 		}
-		if r.typ == recRead && c.tx[c.sending].credits < need {
+		if read && !c.tx[c.sending].canSendRecord(read) {
 			c.spillLocked()
 		}
 		switch {
@@ -286,7 +272,7 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 		return err
 	}
 	t.msgs++
-	t.credits--
+	t.use()
 	c.recordOut = true
 	c.st.MessagesOut++
 	return nil
@@ -320,7 +306,7 @@ func (c *Conn) recordLocked(r record) error {
 			c.enl.ack = &r
 			// Every credit for a large ring we shrank away from came
 			// before this ack: what follows is the new ring's.
-			c.enl.shrunk = false
+			c.enl.acked()
 		} else {
 			c.enl.refused = true
 		}
@@ -458,7 +444,7 @@ var markerCalls atomic.Uint64
 // deregistered and freed.
 func (c *Conn) maybeFreeSmallLocked() {
 	r := &c.rx[small]
-	if !c.o.freeSmall || r.buf == nil || c.rx[large].arrived == 0 || r.released != r.arrived {
+	if !c.o.freeSmall || r.buf == nil || c.rx[large].arrived == 0 || !r.drained() {
 		return
 	}
 	if err := r.buf.Discard(); err != nil {
@@ -466,6 +452,6 @@ func (c *Conn) maybeFreeSmallLocked() {
 		c.st.FreeSmallErrors++
 	}
 	r.buf = nil
-	r.freed = 0 // nothing to give back: the peer writes there no more
+	r.forgo() // nothing to give back: the peer writes there no more
 	c.st.SmallFreed = true
 }

@@ -94,10 +94,10 @@ func fuzzConn(t *testing.T) (*Conn, *stubQP, *advert) {
 	c := &Conn{id: 1, o: &o, qp: q, pool: fm.pool, changed: make(chan struct{}), offered: true}
 	c.rx[small] = newRxRing(mem[0], o.slotSize, o.slotCount)
 	c.rx[large] = newRxRing(largeRing, o.largeSize, o.largeCount)
-	c.tx[small] = txRing{addr: 1 << 20, rkey: 5, size: o.slotSize, count: o.slotCount, credits: 1, stage: mem[2], stageSize: o.slotSize, stageSlots: o.slotCount - 1}
-	c.tx[large] = txRing{addr: 1 << 30, rkey: 6, size: o.largeSize, count: o.largeCount, credits: 1}
+	c.tx[small] = txRing{addr: 1 << 20, rkey: 5, size: o.slotSize, count: o.slotCount, txCredits: txCredits{credits: 1}, stage: mem[2], stageSize: o.slotSize, stageSlots: o.slotCount - 1}
+	c.tx[large] = txRing{addr: 1 << 30, rkey: 6, size: o.largeSize, count: o.largeCount, txCredits: txCredits{credits: 1}}
 	c.sending = large
-	c.enl = enlargement{phase: phaseSmall, reqSeq: 1, waiting: true, serving: true}
+	c.enl = enlargement{sendPhase: sendPhase{phase: phaseSmall, waiting: true}, reqSeq: 1, serving: true}
 	a := &advert{seq: 1, token: 7, buf: mem[1], size: 40000}
 	c.rdv.seq = 1
 	c.rdv.out = []*advert{a}

@@ -33,15 +33,6 @@ const (
 // epoch is what stallsFrom counts from.
 var epoch = time.Now()
 
-// stall counts a credit stall of the large phase at now.
-func (e *enlargement) stall(now time.Time) {
-	ms := uint32(now.Sub(epoch) / time.Millisecond)
-	if e.stalls == 0 || ms-e.stallsFrom > uint32(climbWindow/time.Millisecond) {
-		e.stalls, e.stallsFrom = 0, ms
-	}
-	e.stalls++
-}
-
 // climb takes the sending direction one phase up the ladder when it keeps
 // stalling, and says whether it did (the write then enlarges). c.wmu is
 // held (a write is starting, which saw the stalls); an error only when
@@ -49,11 +40,11 @@ func (e *enlargement) stall(now time.Time) {
 func (c *Conn) climb() (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.enl.phase != phaseLarge || c.enl.stalls < climbStalls || c.enl.capped ||
+	if !c.enl.stalling() || c.enl.capped ||
 		c.enl.level+1 >= len(c.o.largePhases()) || !c.enl.peerKeepsSmall {
 		return false, nil
 	}
-	c.enl.stalls = 0
+	c.enl.stallsCounted()
 	// Every large write completed: the shrink record is the last message
 	// into the ring, after all of them.
 	t := &c.tx[large]

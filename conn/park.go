@@ -109,7 +109,7 @@ func (c *Conn) parkIfIdle() {
 	defer c.wmu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.err != nil || c.wclosed || c.parked || c.enl.phase == phaseLarge || c.sending != small {
+	if c.closed || c.err != nil || c.wclosed || !c.enl.mayPark() || c.sending != small {
 		return
 	}
 	last := time.Unix(0, c.lastWrite.Load())
@@ -126,7 +126,7 @@ func (c *Conn) parkIfIdle() {
 		c.failLocked(err)
 		return
 	}
-	c.parked = true
+	c.enl.parked = true
 	c.st.Parks++
 	// Our staging for the small ring goes too: nothing is in flight from
 	// it (every small write and record completed), and only this writer
@@ -167,9 +167,8 @@ func (c *Conn) parkMessageLocked(n int) error {
 			// peer that parks into it does not write there either.
 			return fmt.Errorf("%w: park of a small ring that is gone", errProtocol)
 		}
-		credits := min(r.freed, maxCredits)
-		r.freed -= credits
-		if r.arrived != r.released {
+		credits := r.takeForPark()
+		if !r.drained() {
 			c.st.ParksDeclined++
 			return c.postParkLocked(lenDecline, credits)
 		}
@@ -183,10 +182,10 @@ func (c *Conn) parkMessageLocked(n int) error {
 		c.tel.Parked(telemetry.Receiver)
 		return c.postParkLocked(lenResume, credits)
 	case lenResume, lenDecline:
-		if !c.parked {
+		if !c.enl.parked {
 			return fmt.Errorf("%w: answer to a park that was not sent", errProtocol)
 		}
-		c.parked = false
+		c.enl.parked = false
 		if n == lenDecline {
 			c.st.Parks--
 			c.armParkLocked()

@@ -268,12 +268,12 @@ func TestParkMetric(t *testing.T) {
 func parkedNow(c *Conn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.parked
+	return c.enl.parked
 }
 
 // isParkPending says whether a park of ours waits for its answer.
 func (c *Conn) isParkPending() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.parked
+	return c.enl.parked
 }

@@ -390,7 +390,7 @@ func (c *Conn) spillLocked() {
 	spilled := false
 	for ring := range c.rx {
 		r := &c.rx[ring]
-		for i := 1; i < len(c.recvQ) && r.buf != nil && r.arrived-r.released >= uint64(r.count); i++ {
+		for i := 1; i < len(c.recvQ) && r.buf != nil && r.full(); i++ {
 			e := &c.recvQ[i] // the head is the rendezvous message
 			if int(e.ring) != ring || e.spill != nil {
 				continue
@@ -402,8 +402,7 @@ func (c *Conn) spillLocked() {
 			off := int(e.slot) * r.size
 			e.spill = bytes.Clone(r.buf.Bytes()[off : off+int(e.n)])
 			c.spilled += int(e.n)
-			r.consume(int(e.slot))
-			r.urgent = true
+			r.consumeNow(int(e.slot))
 			c.st.SpilledBytes += uint64(e.n)
 			spilled = true
 		}

@@ -106,8 +106,7 @@ func (c *Conn) shrinkLocked() error {
 	}
 	// The record was the last message into the large ring.
 	c.sending = small
-	c.enl.phase = phaseSmall
-	c.enl.shrunk = true
+	c.enl.shrank()
 	if t.stage != nil {
 		if derr := t.stage.Discard(); derr != nil {
 			c.st.ShrinkDiscardErrors++ // still registered: the pool reports it at Close
@@ -159,8 +158,8 @@ func (c *Conn) retireLargeLocked(climb bool) error {
 	if r.buf == nil || r.retiring {
 		return errShrinkNoRing
 	}
-	r.retiring, r.climb = true, climb
-	r.freed = 0 // the writer has no use for them any more
+	r.retire() // the writer has no use for its credits any more
+	r.climb = climb
 	r.retiredAt = time.Now()
 	c.maybeDropLargeLocked()
 	return nil
@@ -188,7 +187,7 @@ func (c *Conn) ringsConsumedLocked() {
 // reader consumed everything in it. Call it after consuming from it.
 func (c *Conn) maybeDropLargeLocked() {
 	r := &c.rx[large]
-	if !r.retiring || r.released != r.arrived {
+	if !r.retiring || !r.drained() {
 		return
 	}
 	from, climb := r.size, r.climb

@@ -1,18 +1,3 @@
-// Package transport is the provider interface of rdmagrpc: a small model of
-// RDMA verbs (device, protection domain, memory region, completion queue,
-// reliable-connected queue pair) plus an rdma_cm-like connection manager keyed
-// by "host:port".
-//
-// The semantics are those of libibverbs and the InfiniBand specification, so
-// that code written against this package behaves the same on a real NIC
-// (transport/verbs), on Soft-RoCE, and on the software provider
-// (transport/shm). Where the two disagree, the real NIC (rdma_rxe) is the
-// truth and transport/transporttest holds the case.
-//
-// Providers register themselves on import, like database/sql drivers:
-//
-//	import _ "github.com/rdmagrpc/rdmagrpc/transport/shm"
-//	p, err := transport.Get("shm")
 package transport
 
 import (
