@@ -108,7 +108,7 @@ func ExampleConn_Stats() {
 
 	msg := make([]byte, 64<<10)
 	go c.Write(msg)
-	if _, err := io.ReadFull(s, msg); err != nil {
+	if _, err := io.ReadFull(s, make([]byte, len(msg))); err != nil {
 		log.Fatal(err)
 	}
 	st = c.Stats()
@@ -134,7 +134,7 @@ func ExampleWithBufferPhases() {
 
 	msg := make([]byte, 8<<10)
 	go c.Write(msg)
-	if _, err := io.ReadFull(s, msg); err != nil {
+	if _, err := io.ReadFull(s, make([]byte, len(msg))); err != nil {
 		log.Fatal(err)
 	}
 	st := c.Stats()
