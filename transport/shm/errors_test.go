@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -602,5 +603,30 @@ func outOfDescriptors(t *testing.T) (restore func()) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// A misplaced QP ring or CQ header is refused with a reason that says
+// what is wrong, and none ends in a "<nil>" of an absent error: the
+// reason goes to the dialer in the reject.
+func TestPeerPlacementReasons(t *testing.T) {
+	for _, tc := range []struct {
+		ringOff, cqOff uint64
+		want           string
+	}{
+		{4, 0, "QP ring: offset 4 is not a multiple of 8"},
+		{4096, 0, "QP ring: peer placed"},
+		{0, 12, "CQ header: offset 12 is not a multiple of 8"},
+		{0, 4096, "CQ header: peer placed"},
+	} {
+		maps := []peerMapping{{mem: make([]byte, mrTableSize)}, {mem: make([]byte, 4096)}, {mem: make([]byte, 4096)}}
+		info := qpInfo{recvCap: 4, recvSGE: 1, cqCap: 8, ringOff: tc.ringOff, cqOff: tc.cqOff}
+		_, err := newPeerOf(info, maps, false)
+		if err == nil {
+			t.Fatalf("ring at %d, CQ at %d: accepted", tc.ringOff, tc.cqOff)
+		}
+		if !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "<nil>") {
+			t.Errorf("ring at %d, CQ at %d: %q, want it to say %q", tc.ringOff, tc.cqOff, err, tc.want)
+		}
 	}
 }

@@ -302,16 +302,24 @@ func newPeerOf(info qpInfo, maps []peerMapping, sameProcess bool) (*peer, error)
 		return nil, fmt.Errorf("shm: peer MR table: %w", err)
 	}
 	p.mrt = mrTable(mrt)
-	rq, err := p.held[1].window(info.ringOff, uint64(qpSegSize(int(info.recvCap), int(info.recvSGE))))
-	if err != nil || info.ringOff%8 != 0 {
+	if info.ringOff%8 != 0 {
 		p.unmap()
-		return nil, fmt.Errorf("shm: peer QP ring: misplaced (offset %d): %v", info.ringOff, err)
+		return nil, fmt.Errorf("shm: peer QP ring: offset %d is not a multiple of 8", info.ringOff)
+	}
+	rq, err := p.held[1].window(info.ringOff, uint64(qpSegSize(int(info.recvCap), int(info.recvSGE))))
+	if err != nil {
+		p.unmap()
+		return nil, fmt.Errorf("shm: peer QP ring: %w", err)
 	}
 	p.ring = newRing(rq, int(info.recvCap), int(info.recvSGE))
-	cqm, err := p.held[2].window(info.cqOff, cqHdrSize)
-	if err != nil || info.cqOff%8 != 0 {
+	if info.cqOff%8 != 0 {
 		p.unmap()
-		return nil, fmt.Errorf("shm: peer CQ header: misplaced (offset %d): %v", info.cqOff, err)
+		return nil, fmt.Errorf("shm: peer CQ header: offset %d is not a multiple of 8", info.cqOff)
+	}
+	cqm, err := p.held[2].window(info.cqOff, cqHdrSize)
+	if err != nil {
+		p.unmap()
+		return nil, fmt.Errorf("shm: peer CQ header: %w", err)
 	}
 	p.cq = cqHeader(cqm)
 	if sameProcess && info.token == procToken {
