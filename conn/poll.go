@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,51 +66,6 @@ type pollAux struct {
 }
 
 var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion) }}
-
-// spinners counts the completion loops of this process spinning now. A
-// spinning loop is not armed: what completes meanwhile wakes nobody, and
-// it waits for its turn to run. When more loops spin than there are
-// processors to spare, each waits in the run queue behind the others
-// (milliseconds under -race with hundreds of connections: every credit
-// exchange of a stream paid that), so beyond maxSpinners a loop arms at
-// once and sleeps, woken by the next completion, as Go's scheduler bounds
-// its own spinning threads. Two per processor: a few busy connections
-// per process (the benchmarks', both ends of pairs in one process) spin
-// as before; one per processor already made such pairs' loops stop and
-// start again, a goroutine per message.
-var spinners atomic.Int32
-
-func maxSpinners() int32 { return int32(2 * runtime.GOMAXPROCS(0)) }
-
-// spinTurn is a polling goroutine's share of the spinners.
-type spinTurn struct{ held bool }
-
-// spin yields once, as one of the spinners, and reports whether it could
-// (false: maxSpinners spin already, so arm and sleep instead). spun is
-// how long this spin has run: past spinYieldAfter it also yields the
-// processor to the other processes (spin.go).
-func (s *spinTurn) spin(spun time.Duration) bool {
-	if !s.held {
-		if spinners.Add(1) > maxSpinners() {
-			spinners.Add(-1)
-			return false
-		}
-		s.held = true
-	}
-	runtime.Gosched()
-	if spun >= spinYieldAfter {
-		osYield()
-	}
-	return true
-}
-
-// release gives the share back, if held.
-func (s *spinTurn) release() {
-	if s.held {
-		spinners.Add(-1)
-		s.held = false
-	}
-}
 
 // startPolling starts the completion loop, or hands the CQ our kick.
 func (c *Conn) startPolling() {
