@@ -46,7 +46,7 @@ func TestSmoke(t *testing.T) {
 	rows := map[string]int{ // row of the first (two-process) table: measured cells
 		"unary 64 B p50": 3, "unary 64 B p99": 3, "unary 4 KiB p50": 3, "unary 4 KiB p99": 3,
 		"QPS c=1": 4, "QPS c=4": 4, "CPU/RPC c=1": 4, "CPU/RPC c=4": 4, "stream 64 KiB": 4,
-		"CPU/RPC c=1, server": 3, "stream CPU per MB, client": 3, "stream CPU per MB, server": 3,
+		"CPU/RPC c=1, server": 3, "client stream 64 KiB": 4, "duplex echo 64 KiB": 4,
 		"256 KiB":                         5,
 		"enlargement, first 32 KiB write": 1, "registrations in steady state": 1,
 	}
