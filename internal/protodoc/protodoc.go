@@ -59,7 +59,9 @@ func Load(t testing.TB) map[string]*Vector {
 	t.Helper()
 	path, err := Doc()
 	if err != nil {
-		t.Fatal(err)
+		// A test binary run apart from the source tree (the rxe guest
+		// carries binaries only) has no document to check.
+		t.Skipf("%v: doc/protocol.md is read from the source tree, which is not here", err)
 	}
 	f, err := os.Open(path)
 	if err != nil {
