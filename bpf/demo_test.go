@@ -53,16 +53,21 @@ func runDemo(t *testing.T, bin string, started func(pid int)) (string, int) {
 	if started != nil {
 		started(cmd.Process.Pid)
 	}
-	err := cmd.Wait()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		if !ok {
-			t.Fatalf("%s: %v", bin, err)
-		}
-		code = ee.ExitCode()
-	}
+	code := exitCode(t, bin, cmd.Wait()) // before out is read: Wait copies the last output
 	return out.String(), code
+}
+
+// exitCode is the status of bin's process from its Wait's err.
+func exitCode(t *testing.T, bin string, err error) int {
+	t.Helper()
+	if err == nil {
+		return 0
+	}
+	ee, ok := err.(*exec.ExitError)
+	if !ok {
+		t.Fatalf("%s: %v", bin, err)
+	}
+	return ee.ExitCode()
 }
 
 var (
@@ -266,14 +271,6 @@ func runInterop(t *testing.T, bin, client string, started func(pid int)) (string
 	srv.Process.Signal(os.Interrupt)
 	rest, _ := io.ReadAll(r)
 	out.Write(rest)
-	err = srv.Wait()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		if !ok {
-			t.Fatalf("%s: %v", bin, err)
-		}
-		code = ee.ExitCode()
-	}
+	code := exitCode(t, bin, srv.Wait())
 	return out.String(), code
 }
