@@ -52,25 +52,13 @@ func introspectServer(t *testing.T, l net.Listener, opts ...grpc.ServerOption) c
 	return got
 }
 
-// peerCheck makes one health RPC and returns the client's peer.
+// peerCheck makes one health RPC and returns the client, closed when the
+// test ends, and the RPC's peer.
 func peerCheck(t *testing.T, addr string, creds credentials.TransportCredentials, dialer func(context.Context, string) (net.Conn, error)) (*grpc.ClientConn, *peer.Peer) {
 	t.Helper()
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
-	if dialer != nil {
-		opts = append(opts, grpc.WithContextDialer(dialer))
-	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc, p := healthRPC(t, addr, creds, dialer)
 	t.Cleanup(func() { cc.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var p peer.Peer
-	if _, err := healthgrpc.NewHealthClient(cc).Check(ctx, &healthgrpc.HealthCheckRequest{}, grpc.Peer(&p)); err != nil {
-		t.Fatalf("health check: %v", err)
-	}
-	return cc, &p
+	return cc, p
 }
 
 // A gRPC handler and a client read what their connection runs on: the

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
@@ -64,6 +65,14 @@ func check(t *testing.T, addr string, dialer func(context.Context, string) (net.
 // checkCreds makes one health RPC to addr with creds, within 10 s.
 func checkCreds(t *testing.T, addr string, creds credentials.TransportCredentials, dialer func(context.Context, string) (net.Conn, error)) {
 	t.Helper()
+	cc, _ := healthRPC(t, addr, creds, dialer)
+	cc.Close()
+}
+
+// healthRPC makes one health RPC to addr with creds, within 10 s, on a
+// new client the caller closes, and returns it with the RPC's peer.
+func healthRPC(t *testing.T, addr string, creds credentials.TransportCredentials, dialer func(context.Context, string) (net.Conn, error)) (*grpc.ClientConn, *peer.Peer) {
+	t.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if dialer != nil {
 		opts = append(opts, grpc.WithContextDialer(dialer))
@@ -72,13 +81,15 @@ func checkCreds(t *testing.T, addr string, creds credentials.TransportCredential
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := healthgrpc.NewHealthClient(cc).Check(ctx, &healthgrpc.HealthCheckRequest{})
+	var p peer.Peer
+	r, err := healthgrpc.NewHealthClient(cc).Check(ctx, &healthgrpc.HealthCheckRequest{}, grpc.Peer(&p))
 	if err != nil || r.Status != healthgrpc.HealthCheckResponse_SERVING {
+		cc.Close()
 		t.Fatalf("health check over %s (%s): %v %v", addr, creds.Info().SecurityProtocol, r, err)
 	}
+	return cc, &p
 }
 
 // recording is a dialer that keeps the connections it made.
