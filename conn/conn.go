@@ -161,8 +161,9 @@ type entry struct {
 // telemetry.Client or telemetry.Server.
 func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
 	c = &Conn{id: idFor(ctx), o: o, changed: make(chan struct{})}
-	c.st.Provider, c.st.ProviderReason, c.st.Device = provider, o.providerWhy, dev.Name()
-	c.tel = o.tel.StartConn(ctx, role, c.id, provider, o.providerWhy)
+	why := providerWhy(ctx, o)
+	c.st.Provider, c.st.ProviderReason, c.st.Device = provider, why, dev.Name()
+	c.tel = o.tel.StartConn(ctx, role, c.id, provider, why)
 	partial := c // the error returns below set c to nil
 	defer func() {
 		if err != nil {

@@ -220,6 +220,9 @@ func Dialer(opts ...Option) func(context.Context, string) (net.Conn, error) {
 type Listener struct {
 	l   transport.Listener
 	tcp *net.TCPListener // the TCP side (nil: WithoutTCP)
+	// local is an shm side beside l for the clients of this kernel
+	// (offer.go); nil: none.
+	local *side
 	// negotiations counts the TCP connections that spoke our SETTINGS
 	// parameter (tests: a known server is dialed directly).
 	negotiations atomic.Int64
@@ -283,11 +286,11 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 	}
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l := &Listener{l: tl, tcp: tcpL, dev: dev, name: name, o: o, backlog: make(chan struct{}, o.backlog), conns: make(chan *Conn), ctx: lctx, cancel: cancel}
-	if rh, ok := tl.(transport.RequestHandler); ok {
-		rh.HandleRequests(l.take)
-	} else {
-		l.wg.Add(1)
-		go l.acceptLoop()
+	_, port, _ := net.SplitHostPort(rdmaAddr)
+	l.listenLocal(host, port)
+	l.serve(&side{l: tl, dev: dev, name: name})
+	if l.local != nil {
+		l.serve(l.local)
 	}
 	if tcpL != nil {
 		l.wg.Add(1)
@@ -296,10 +299,26 @@ func Listen(ctx context.Context, addr string, opts ...Option) (net.Listener, err
 	return l, nil
 }
 
-func (l *Listener) acceptLoop() {
+// serve answers the connection requests of one side: on the provider's
+// goroutine where it has one (transport.RequestHandler, whose Close waits
+// for it, before l.wg.Wait), else on an accept loop of ours.
+func (l *Listener) serve(s *side) {
+	if rh, ok := s.l.(transport.RequestHandler); ok {
+		rh.HandleRequests(func(req transport.ConnRequest) {
+			if l.admit(req) {
+				l.handshake(req, s)
+			}
+		})
+		return
+	}
+	l.wg.Add(1)
+	go l.acceptLoop(s)
+}
+
+func (l *Listener) acceptLoop(s *side) {
 	defer l.wg.Done()
 	for {
-		req, err := l.l.Accept(l.ctx)
+		req, err := s.l.Accept(l.ctx)
 		if err != nil {
 			return
 		}
@@ -309,16 +328,8 @@ func (l *Listener) acceptLoop() {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			l.handshake(req)
+			l.handshake(req, s)
 		}()
-	}
-}
-
-// take is the provider's RequestHandler: it answers req on the
-// provider's goroutine, whose Close waits for it (before l.wg.Wait).
-func (l *Listener) take(req transport.ConnRequest) {
-	if l.admit(req) {
-		l.handshake(req)
 	}
 }
 
@@ -336,9 +347,9 @@ func (l *Listener) admit(req transport.ConnRequest) bool {
 	}
 }
 
-// handshake answers one request, holding its backlog token; a bad one is
-// rejected, never fatal to the listener.
-func (l *Listener) handshake(req transport.ConnRequest) {
+// handshake answers one request to side s, holding its backlog token; a
+// bad one is rejected, never fatal to the listener.
+func (l *Listener) handshake(req transport.ConnRequest, s *side) {
 	taken := false // by Accept, with its backlog token
 	defer func() {
 		if !taken {
@@ -351,11 +362,11 @@ func (l *Listener) handshake(req transport.ConnRequest) {
 		l.refused(req, err)
 		return
 	}
-	dev := l.dev
+	dev := s.dev
 	if rd, ok := req.(transport.RequestDevice); ok {
 		dev = rd.Device()
 	}
-	c, cfg, err := newConn(context.Background(), telemetry.Server, l.name, dev, l.o)
+	c, cfg, err := newConn(withProviderWhy(context.Background(), s.why), telemetry.Server, s.name, dev, l.o)
 	if err != nil {
 		req.Reject(nil)
 		l.refused(req, err)
@@ -409,6 +420,9 @@ func (l *Listener) Close() error {
 	l.once.Do(func() {
 		l.cancel()
 		err = l.l.Close()
+		if l.local != nil {
+			err = errors.Join(err, l.local.l.Close())
+		}
 		if l.tcp != nil {
 			err = errors.Join(err, l.tcp.Close())
 		}

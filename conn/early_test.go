@@ -199,7 +199,7 @@ func TestEarlyDialsBounded(t *testing.T) {
 	// The dial that timed out forgot the server, as any failed direct
 	// dial does; known again, it is dialed early again, and its dials
 	// still in flight count as before.
-	rememberServer(addr, "shm", addr)
+	rememberServer(addr, "shm", offer{provider: "shm", addr: addr})
 	if again, _ := lookupServer(addr, "shm"); again != ks {
 		t.Fatal("known again, the server has a new count of dials in flight")
 	}
@@ -230,7 +230,7 @@ func knownProviderListener(t *testing.T) (transport.Listener, string) {
 	}
 	t.Cleanup(func() { tl.Close() })
 	addr := tl.Addr().String()
-	rememberServer(addr, "shm", addr)
+	rememberServer(addr, "shm", offer{provider: "shm", addr: addr})
 	t.Cleanup(func() { forgetServer(addr, "shm") })
 	return tl, addr
 }

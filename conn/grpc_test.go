@@ -20,6 +20,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	rinterop "github.com/rdmagrpc/rdmagrpc/interop"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
@@ -27,12 +28,19 @@ import (
 const (
 	envServer = "RDMAGRPC_CONN_TEST_SERVER"
 	envWriter = "RDMAGRPC_CONN_TEST_WRITER"
+	// envServerAddr: the server process listens there.
+	envServerAddr = "RDMAGRPC_CONN_TEST_SERVER_ADDR"
+	// envClient: the process is a client of that address (netns_test.go).
+	envClient = "RDMAGRPC_CONN_TEST_CLIENT"
 	bigMsg    = 4 << 20
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv(envServer) != "" {
 		os.Exit(serveUntilStdinCloses())
+	}
+	if a := os.Getenv(envClient); a != "" {
+		os.Exit(clientOnce(a))
 	}
 	if a := os.Getenv(envWriter); a != "" {
 		os.Exit(writeForever(a))
@@ -59,7 +67,11 @@ func newServer() *grpc.Server {
 // serveUntilStdinCloses is the server process of the two-process test: it
 // prints its address, serves, and stops gracefully when stdin closes.
 func serveUntilStdinCloses() int {
-	l, err := conn.Listen(context.Background(), testAddr())
+	addr := testAddr()
+	if a := os.Getenv(envServerAddr); a != "" {
+		addr = a
+	}
+	l, err := conn.Listen(context.Background(), addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -351,4 +363,129 @@ func TestGRPCRendezvous(t *testing.T) {
 		t.Fatalf("no rendezvous in a 16 MiB exchange with 1 MiB buffers: %+v", s0)
 	}
 	t.Logf("client: %d messages out by rendezvous, %d in (%d bytes); %d bytes out in all", s0.Rendezvous, s0.RendezvousIn, s0.RendezvousBytesIn, s0.BytesOut)
+}
+
+// verbsHere skips a test that needs a working verbs device and the
+// provider chosen, not pinned (the rxe guests).
+func verbsHere(t *testing.T) {
+	t.Helper()
+	t.Setenv("RDMAGRPC_PROVIDER", "")
+	if name, why, err := conn.ProviderChoice(); err != nil || name != "verbs" {
+		t.Skipf("needs an RDMA device (the rxe tier): the provider here is %q (%s, %v)", name, why, err)
+	}
+}
+
+// providerOf dials addr with gRPC, runs the RPC list and returns the
+// client connections' stats.
+func providerOf(t *testing.T, addr string) conn.Stats {
+	t.Helper()
+	var mu sync.Mutex
+	var conns []*conn.Conn
+	dialer := conn.Dialer()
+	cc, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := dialer(ctx, addr)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c.(*conn.Conn))
+				mu.Unlock()
+			}
+			return c, err
+		}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2*bigMsg), grpc.MaxCallSendMsgSize(2*bigMsg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	rpcs(t, cc)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) == 0 {
+		t.Fatal("no connection dialed")
+	}
+	return conns[len(conns)-1].Stats()
+}
+
+// Two processes of one host with an RDMA device: the server listens on
+// verbs and shm, and the client, on the same kernel, is served over shm.
+func TestRXESameHostChoosesShm(t *testing.T) {
+	verbsHere(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envServer+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("server process address: %v", err)
+	}
+	st := providerOf(t, strings.TrimSpace(addr))
+	if st.Provider != "shm" || !strings.Contains(st.ProviderReason, "same kernel") {
+		t.Errorf("client on the server's host: provider %q (%s), want shm (same kernel)", st.Provider, st.ProviderReason)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("server process: %v", err)
+	}
+}
+
+// Across two hosts with RDMA devices the same listener serves over verbs:
+// guest a serves, guest b dials.
+func TestRXEPairChoosesVerbs(t *testing.T) {
+	role, self, peer := os.Getenv("RXE_ROLE"), os.Getenv("RXE_ADDR"), os.Getenv("RXE_PEER")
+	if role != "a" && role != "b" {
+		t.Skip("runs only in the two-guest mode of tests/rxe (RXE_ROLE=a|b)")
+	}
+	verbsHere(t)
+	const port, donePort = "7481", "7482"
+	if role == "a" {
+		l, err := conn.Listen(t.Context(), net.JoinHostPort(self, port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newServer()
+		go s.Serve(l)
+		defer s.Stop()
+		done, err := net.Listen("tcp", net.JoinHostPort(self, donePort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer done.Close()
+		done.(*net.TCPListener).SetDeadline(time.Now().Add(4 * time.Minute))
+		c, err := done.Accept()
+		if err != nil {
+			t.Fatalf("guest b never finished: %v", err)
+		}
+		c.Close()
+		return
+	}
+	addr := net.JoinHostPort(peer, port)
+	testutil.Eventually(t, time.Minute, "guest a to listen", func() (bool, string) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return false, err.Error()
+		}
+		c.Close()
+		return true, ""
+	})
+	st := providerOf(t, addr)
+	if st.Provider != "verbs" || !strings.Contains(st.ProviderReason, "another host") {
+		t.Errorf("client on another host: provider %q (%s), want verbs (another host)", st.Provider, st.ProviderReason)
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort(peer, donePort))
+	if err != nil {
+		t.Fatalf("telling guest a: %v", err)
+	}
+	c.Close()
 }

@@ -266,7 +266,7 @@ func TestMixedUnreachableUpgradeRemembered(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
-				io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+				readClientStart(c)
 				c.Write(encodeReply(verdictRDMA, stuck.Addr().String()))
 				io.ReadFull(c, make([]byte, 1)) // stayTCP
 			}()

@@ -62,6 +62,9 @@ const (
 	// Our SETTINGS parameters, from HTTP/2's experimental range.
 	settingHello    = 0xf0d3 // value settingMagic
 	settingProvider = 0xf0d4 // value providerCode(the client's provider)
+	settingAlso     = 0xf0d5 // repeated: another provider the client dials
+	settingHostHi   = 0xf0d6 // the client's kernel (hostID), high 32 bits
+	settingHostLo   = 0xf0d7 // and low 32 bits
 	settingMagic    = 0x52444701
 
 	replyMagic = "RDMG"
@@ -69,6 +72,9 @@ const (
 	replyVersion = 1
 	verdictRDMA  = 'R' // payload: the RDMA listener's host:port
 	verdictTCP   = 'T' // payload: why not
+	// verdictOffers answers a client that said which kernel it runs on:
+	// the listeners it may dial, in order (offer.go).
+	verdictOffers = 'O'
 	// stayTCP is the client's word after a failed upgrade.
 	stayTCP = 'T'
 
@@ -92,19 +98,6 @@ func providerCode(name string) uint32 {
 	return h.Sum32()
 }
 
-// clientStart is the first thing an rdmagrpc client sends: a valid start
-// of an HTTP/2 connection.
-func clientStart(provider string) []byte {
-	b := make([]byte, 0, len(h2Preface)+9+12)
-	b = append(b, h2Preface...)
-	b = append(b, 0, 0, 12, h2FrameSettings, 0, 0, 0, 0, 0)
-	b = binary.BigEndian.AppendUint16(b, settingHello)
-	b = binary.BigEndian.AppendUint32(b, settingMagic)
-	b = binary.BigEndian.AppendUint16(b, settingProvider)
-	b = binary.BigEndian.AppendUint32(b, providerCode(transport.Family(provider)))
-	return b
-}
-
 // readReply reads the listener's reply after its magic.
 func readReply(r io.Reader) (verdict byte, payload string, err error) {
 	var h [4]byte
@@ -122,7 +115,7 @@ func readReply(r io.Reader) (verdict byte, payload string, err error) {
 	if _, err := io.ReadFull(r, p); err != nil {
 		return 0, "", err
 	}
-	if h[1] != verdictRDMA && h[1] != verdictTCP {
+	if h[1] != verdictRDMA && h[1] != verdictTCP && h[1] != verdictOffers {
 		return 0, "", fmt.Errorf("conn: negotiation verdict %q unknown", h[1])
 	}
 	return h[1], string(p), nil
@@ -182,7 +175,7 @@ var knownServers = struct {
 // started again at zero while the old dials still waited, and each
 // refusal of a full backlog let a client run maxEarly more ahead.
 type knownServer struct {
-	addr  string
+	offer
 	known bool
 	early earlyGate
 }
@@ -237,26 +230,28 @@ func ForgetServers() {
 	failedUpgrades.Unlock()
 }
 
-func rememberServer(addr, provider, rdmaAddr string) {
+// rememberServer notes that a client of provider name reached the server
+// at addr through the offer of.
+func rememberServer(addr, name string, of offer) {
 	// Only an RDMA listener on the dialed port is the same server for
 	// sure later; one on a port of its own may be another process's by
 	// the next dial.
 	_, p1, err1 := net.SplitHostPort(addr)
-	_, p2, err2 := net.SplitHostPort(rdmaAddr)
+	_, p2, err2 := net.SplitHostPort(of.addr)
 	if err1 != nil || err2 != nil || p1 != p2 {
 		return
 	}
 	knownServers.Lock()
 	defer knownServers.Unlock()
-	k := [2]string{addr, provider}
-	if s, ok := knownServers.m[k]; ok && s.addr == rdmaAddr {
+	k := [2]string{addr, name}
+	if s, ok := knownServers.m[k]; ok && s.offer == of {
 		s.known = true // its gate counts dials in flight
 		return
 	}
 	if len(knownServers.m) >= 4096 {
 		clear(knownServers.m)
 	}
-	knownServers.m[k] = &knownServer{addr: rdmaAddr, known: true, early: newEarlyGate()}
+	knownServers.m[k] = &knownServer{offer: of, known: true, early: newEarlyGate()}
 }
 
 func lookupServer(addr, provider string) (*knownServer, bool) {
@@ -292,7 +287,7 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		if !o.noFallback {
 			gate = &known.early
 		}
-		c, _, err := upgrade(ctx, known.addr, o, name, gate, func() { forgetServer(addr, name) })
+		c, _, err := upgrade(withProviderWhy(ctx, known.why), known.addr, o, known.provider, gate, func() { forgetServer(addr, name) })
 		if err == nil {
 			return c, nil
 		}
@@ -390,7 +385,7 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 		}
 		return verdict{replay: replay, why: why}, nil
 	}
-	if _, err := tc.Write(clientStart(name)); err != nil {
+	if _, err := tc.Write(startOf(o, name)); err != nil {
 		return verdict{}, ctxErr(ctx, fmt.Errorf("negotiation: sending the HTTP/2 preface: %w", err))
 	}
 	var magic [len(replyMagic)]byte
@@ -412,7 +407,11 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 	if kind == verdictTCP {
 		return stay(nil, "the server offers no RDMA: "+payload)
 	}
-	c, upErr, err := upgradeFor(ctx, tc, addr, payload, o, name)
+	offers, skipped, err := offersFrom(kind, payload, o, name)
+	if err != nil {
+		return verdict{}, ctxErr(ctx, err)
+	}
+	c, upErr, err := upgradeFor(ctx, tc, addr, offers, skipped, o, name)
 	switch {
 	case err != nil:
 		return verdict{}, err
@@ -429,32 +428,50 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 	return v, nil
 }
 
-// upgradeFor dials rdmaAddr, the RDMA address the listener at addr
-// offered, for the dial whose TCP connection is tc, unless an upgrade to
-// it failed recently. On success tc is reset (the listener lets it go; no
+// upgradeFor dials the offers the listener at addr made, in order, for
+// the dial whose TCP connection is tc, skipping those an upgrade to
+// failed recently. On success tc is reset (the listener lets it go; no
 // TIME_WAIT on either side) and the listener remembered; otherwise upErr
-// says why the dial carries on over TCP, or err is final.
-func upgradeFor(ctx context.Context, tc *net.TCPConn, addr, rdmaAddr string, o *options, name string) (c net.Conn, upErr, err error) {
-	if upgradeFailedRecently(rdmaAddr) {
-		return nil, fmt.Errorf("an upgrade to %s failed less than %v ago", rdmaAddr, failedUpgradeTTL), nil
+// says why the dial carries on over TCP (skipped: offers the client could
+// not take), or err is final.
+func upgradeFor(ctx context.Context, tc *net.TCPConn, addr string, offers []offer, skipped string, o *options, name string) (c net.Conn, upErr, err error) {
+	var errs []error
+	if skipped != "" {
+		errs = append(errs, errors.New("not dialed: "+skipped))
 	}
-	c, timedOut, err := upgrade(ctx, rdmaAddr, o, name, nil, nil)
-	if err == nil {
-		tc.SetLinger(0)
-		tc.Close()
-		rememberServer(addr, name, rdmaAddr)
-		return c, nil, nil
+	for i, of := range offers {
+		if upgradeFailedRecently(of.addr) {
+			errs = append(errs, fmt.Errorf("an upgrade to %s failed less than %v ago", of.addr, failedUpgradeTTL))
+			continue
+		}
+		c, timedOut, err := upgrade(withProviderWhy(ctx, of.why), of.addr, o, of.provider, nil, nil)
+		if err == nil {
+			tc.SetLinger(0)
+			tc.Close()
+			rememberServer(addr, name, of)
+			return c, nil, nil
+		}
+		// A listener's no ends the dial, unless another of its
+		// providers is still to try (shm's peer check, say, may refuse
+		// a process that its RDMA side serves).
+		if ctx.Err() != nil || final(ctx, err) && i == len(offers)-1 {
+			return nil, nil, err
+		}
+		// Remember only what costs time to find out again: an address
+		// that did not answer. A local failure (memory, budget) may be
+		// gone at the next dial.
+		if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
+			noteFailedUpgrade(of.addr)
+		}
+		if len(offers) > 1 {
+			err = fmt.Errorf("%s at %s: %w", of.provider, of.addr, err)
+		}
+		errs = append(errs, err)
 	}
-	if final(ctx, err) {
-		return nil, nil, err
+	if len(errs) == 0 {
+		errs = append(errs, errors.New("the server made no offer"))
 	}
-	// Remember only what costs time to find out again: an address that
-	// did not answer. A local failure (memory, budget) may be gone at the
-	// next dial.
-	if timedOut || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
-		noteFailedUpgrade(rdmaAddr)
-	}
-	return nil, err, nil
+	return nil, errors.Join(errs...), nil
 }
 
 // upgrade dials the RDMA address a listener offered, within

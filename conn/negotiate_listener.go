@@ -4,20 +4,18 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
-	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // sniff reads what a TCP client sends first: the HTTP/2 preface and its
 // first frame, which must be SETTINGS. read is every byte taken (to be
-// replayed if the connection stays TCP); hello is our parameter's value
-// (0: a plain client), provider the client's provider code.
-func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
+// replayed if the connection stays TCP); h is what our parameters say
+// (h.magic 0: a plain client).
+func sniff(r io.Reader) (read []byte, h clientHello, err error) {
 	buf := make([]byte, len(h2Preface)+9)
 	// Byte by byte as they come: a client whose first bytes are not the
 	// preface (TLS, or a protocol of its own) is handed over at once,
@@ -27,42 +25,52 @@ func sniff(r io.Reader) (read []byte, hello, provider uint32, err error) {
 		m, err := r.Read(buf[n:len(h2Preface)])
 		n += m
 		if string(buf[:n]) != h2Preface[:n] {
-			return buf[:n], 0, 0, nil
+			return buf[:n], h, nil
 		}
 		if err != nil {
 			if err == io.EOF && n > 0 {
 				err = io.ErrUnexpectedEOF
 			}
-			return buf[:n], 0, 0, err
+			return buf[:n], h, err
 		}
 	}
 	if n, err := io.ReadFull(r, buf[len(h2Preface):]); err != nil {
 		// Every byte taken is replayed to whoever gets the connection
 		// (a client that paused mid-header, past sniffTimeout).
-		return buf[:len(h2Preface)+n], 0, 0, err
+		return buf[:len(h2Preface)+n], h, err
 	}
-	h := buf[len(h2Preface):]
-	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
-	if h[3] != h2FrameSettings || length%6 != 0 || length > 16<<10 {
-		return buf, 0, 0, nil
+	fh := buf[len(h2Preface):]
+	length := int(fh[0])<<16 | int(fh[1])<<8 | int(fh[2])
+	if fh[3] != h2FrameSettings || length%6 != 0 || length > 16<<10 {
+		return buf, h, nil
 	}
 	payload := make([]byte, length)
 	if n, err := io.ReadFull(r, payload); err != nil {
-		return append(buf, payload[:n]...), 0, 0, err
+		return append(buf, payload[:n]...), h, err
 	}
 	read = append(buf, payload...)
+	var hi, lo uint32
 	for p := payload; len(p) >= 6; p = p[6:] {
 		id, v := binary.BigEndian.Uint16(p), binary.BigEndian.Uint32(p[2:])
 		switch id {
 		case settingHello:
 			if v == settingMagic {
-				hello = v
+				h.magic = v
 			}
 		case settingProvider:
-			provider = v
+			h.provider = v
+		case settingAlso:
+			if len(h.also) < maxOffers {
+				h.also = append(h.also, v)
+			}
+		case settingHostHi:
+			hi = v
+		case settingHostLo:
+			lo = v
 		}
 	}
-	return read, hello, provider, nil
+	h.host = uint64(hi)<<32 | uint64(lo)
+	return read, h, nil
 }
 
 func encodeReply(verdict byte, payload string) []byte {
@@ -95,7 +103,7 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 	stop := context.AfterFunc(l.ctx, func() { tc.SetDeadline(aLongTimeAgo) })
 	defer stop()
 	tc.SetReadDeadline(time.Now().Add(sniffTimeout))
-	read, hello, provider, err := sniff(tc)
+	read, h, err := sniff(tc)
 	var ne net.Error
 	silent := errors.As(err, &ne) && ne.Timeout() // sent too little: not HTTP/2, maybe a client that waits for us
 	if l.ctx.Err() != nil || (err != nil && !silent) {
@@ -122,23 +130,12 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 			c.Close()
 		}
 	}
-	if hello == 0 {
+	if h.magic == 0 {
 		handOver("a plain TCP client")
 		return
 	}
-	// Offer the RDMA listener at the address the client reached us at.
-	verdict, payload := byte(verdictRDMA), ""
-	if provider != providerCode(transport.Family(l.name)) {
-		verdict, payload = verdictTCP, fmt.Sprintf("the server's RDMA provider is %s, not the client's", l.name)
-	} else {
-		local := tc.LocalAddr().(*net.TCPAddr)
-		_, port, _ := net.SplitHostPort(l.l.Addr().String())
-		host := local.IP.String()
-		if local.Zone != "" {
-			host += "%" + local.Zone
-		}
-		payload = net.JoinHostPort(host, port)
-	}
+	// Offer the RDMA listeners at the address the client reached us at.
+	verdict, payload := l.replyTo(h, tc.LocalAddr().(*net.TCPAddr))
 	// Counted before the reply goes: the client may upgrade, dial again
 	// and look at the count before this goroutine runs again (tests
 	// failed on that under load, counting 0 negotiations).

@@ -22,7 +22,7 @@ import (
 func TestNegotiationCutByServer(t *testing.T) {
 	preface := h2Preface + "\x00\x00\x00\x04\x00\x00\x00\x00\x00" // what grpc-go writes first
 	settings := "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-	readStart := func(c net.Conn) { io.ReadFull(c, make([]byte, len(clientStart("shm")))) }
+	readStart := readClientStart
 	for _, tc := range []struct {
 		name  string
 		serve func(c net.Conn)
@@ -146,7 +146,7 @@ func TestNegotiationCutByClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
-	start := clientStart(faults.Name())
+	start := clientStart(faults.Name(), nil, clientHost())
 	for _, tc := range []struct {
 		name     string
 		act      func(c net.Conn)
@@ -255,7 +255,7 @@ func TestHeldBytesOutlastWriteDeadline(t *testing.T) {
 	payload := random(10 << 10)
 	got := make(chan []byte, 1)
 	addr := serveOnce(t, func(c net.Conn) {
-		io.ReadFull(c, make([]byte, len(clientStart("shm"))))
+		readClientStart(c)
 		time.Sleep(50 * time.Millisecond) // the client writes and sets its deadline meanwhile
 		c.Write([]byte("\x00\x00\x00\x04\x00\x00\x00\x00\x00"))
 		b := make([]byte, len(payload))
@@ -286,4 +286,15 @@ func TestHeldBytesOutlastWriteDeadline(t *testing.T) {
 	if _, err := nc.Write([]byte("x")); err != nil {
 		t.Fatalf("a write with the deadline cleared: %v", err)
 	}
+}
+
+// readClientStart reads an rdmagrpc client's start, as a fake server:
+// the preface, and the SETTINGS frame whatever its length.
+func readClientStart(c net.Conn) {
+	b := make([]byte, len(h2Preface)+9)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return
+	}
+	h := b[len(h2Preface):]
+	io.ReadFull(c, make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2])))
 }

@@ -53,6 +53,9 @@ type options struct {
 	upgradeTimeout time.Duration
 	// providerWhy is why pickProvider chose the provider (Stats, span).
 	providerWhy string
+	// pinned: the provider was named (WithProvider, RDMAGRPC_PROVIDER),
+	// so connections use it alone, never shm beside it (offer.go).
+	pinned bool
 	// OpenTelemetry: nil providers mean the otel globals; tel is what
 	// setup resolved them to (nil: no telemetry, for tests).
 	tracerProvider trace.TracerProvider

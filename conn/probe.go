@@ -33,14 +33,14 @@ func settleApart(ctx context.Context, tc *net.TCPConn, addr string, o *options, 
 		}
 		return verdict{why: why, untouched: true}, nil
 	}
-	rdmaAddr, err := probeServer(ctx, addr, name)
+	offers, skipped, err := probeServer(ctx, addr, o, name)
 	if err != nil {
 		if final(ctx, err) {
 			return verdict{}, err
 		}
 		return stay(fmt.Sprintf("the first bytes written are not an HTTP/2 start (TLS, say), and a probe found no RDMA offer: %v", err))
 	}
-	c, upErr, err := upgradeFor(ctx, tc, addr, rdmaAddr, o, name)
+	c, upErr, err := upgradeFor(ctx, tc, addr, offers, skipped, o, name)
 	switch {
 	case err != nil:
 		return verdict{}, err
@@ -51,33 +51,33 @@ func settleApart(ctx context.Context, tc *net.TCPConn, addr string, o *options, 
 }
 
 // probeServer asks the server at addr, on a connection of its own,
-// whether it offers RDMA to the provider name, and returns the offered
-// address.
-func probeServer(ctx context.Context, addr, name string) (string, error) {
+// whether it offers RDMA to a client of the provider name, and returns its
+// offers (offersFrom).
+func probeServer(ctx context.Context, addr string, o *options, name string) ([]offer, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
+		return nil, "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
 	}
 	defer nc.Close()
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(aLongTimeAgo) })
 	defer stop()
-	if _, err := nc.Write(clientStart(name)); err != nil {
-		return "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
+	if _, err := nc.Write(startOf(o, name)); err != nil {
+		return nil, "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
 	}
 	var magic [len(replyMagic)]byte
 	if _, err := io.ReadFull(nc, magic[:]); err != nil || string(magic[:]) != replyMagic {
-		return "", ctxErr(ctx, fmt.Errorf("probe: not an rdmagrpc server (%v)", err))
+		return nil, "", ctxErr(ctx, fmt.Errorf("probe: not an rdmagrpc server (%v)", err))
 	}
 	kind, payload, err := readReply(nc)
 	nc.(*net.TCPConn).SetLinger(0) // a reset: the listener drops the probe at once
 	switch {
 	case err != nil:
-		return "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
-	case kind != verdictRDMA:
-		return "", fmt.Errorf("the server offers no RDMA: %s", payload)
+		return nil, "", ctxErr(ctx, fmt.Errorf("probe: %w", err))
+	case kind == verdictTCP:
+		return nil, "", fmt.Errorf("the server offers no RDMA: %s", payload)
 	}
-	return payload, nil
+	return offersFrom(kind, payload, o, name)
 }

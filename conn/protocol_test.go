@@ -3,6 +3,8 @@ package conn
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -21,7 +23,8 @@ func TestProtocolVectors(t *testing.T) {
 		min    int // vectors the document must have
 		check  func(*testing.T, *protodoc.Vector)
 	}{
-		{"client-start-", 2, checkClientStart},
+		{"client-start-", 3, checkClientStart},
+		{"offers-", 2, checkOffers},
 		{"reply-", 3, checkReply},
 		{"stay-tcp", 1, checkStayTCP},
 		{"hello-", 2, checkHello},
@@ -57,12 +60,47 @@ func checkClientStart(t *testing.T, v *protodoc.Vector) {
 	if got := providerCode(provider); got != code {
 		t.Errorf("providerCode(%q) = %#x, doc says %#x", provider, got, code)
 	}
-	if got := clientStart(provider); !bytes.Equal(got, v.Bytes) {
-		t.Errorf("clientStart(%q) = %x, doc says %x", provider, got, v.Bytes)
+	want := clientHello{magic: settingMagic, provider: code}
+	var also []string
+	if v.Has("also") {
+		also = []string{v.String(t, "also")}
+		want.also = []uint32{uint32(v.Uint(t, "also_code"))}
+		if got := providerCode(also[0]); got != want.also[0] {
+			t.Errorf("providerCode(%q) = %#x, doc says %#x", also[0], got, want.also[0])
+		}
 	}
-	read, hello, prov, err := sniff(bytes.NewReader(v.Bytes))
-	if err != nil || !bytes.Equal(read, v.Bytes) || hello != settingMagic || prov != code {
-		t.Errorf("sniff = read %x, hello %#x, provider %#x, %v; want all read, hello %#x, provider %#x", read, hello, prov, err, settingMagic, code)
+	if v.Has("host") {
+		want.host = v.Uint(t, "host")
+	}
+	if got := clientStart(provider, also, want.host); !bytes.Equal(got, v.Bytes) {
+		t.Errorf("clientStart(%q, %q, %#x) = %x, doc says %x", provider, also, want.host, got, v.Bytes)
+	}
+	read, h, err := sniff(bytes.NewReader(v.Bytes))
+	if err != nil || !bytes.Equal(read, v.Bytes) || h.magic != want.magic || h.provider != want.provider || h.host != want.host || !slices.Equal(h.also, want.also) {
+		t.Errorf("sniff = read %x, %+v, %v; want all read, %+v", read, h, err, want)
+	}
+}
+
+// checkOffers: a reply 'O', its offers encoded and decoded.
+func checkOffers(t *testing.T, v *protodoc.Vector) {
+	host := v.Uint(t, "host")
+	var codes []uint32
+	var addrs []string
+	for i := 1; v.Has(fmt.Sprintf("offer%d_code", i)); i++ {
+		codes = append(codes, uint32(v.Uint(t, fmt.Sprintf("offer%d_code", i))))
+		addrs = append(addrs, v.String(t, fmt.Sprintf("offer%d_addr", i)))
+	}
+	if got := encodeReply(verdictOffers, encodeOffers(host, codes, addrs)); !bytes.Equal(got, v.Bytes) {
+		t.Errorf("encodeReply('O', offers) = %x, doc says %x", got, v.Bytes)
+	}
+	r := bytes.NewReader(bytes.TrimPrefix(v.Bytes, []byte(replyMagic)))
+	k, p, err := readReply(r)
+	if err != nil || k != verdictOffers || r.Len() != 0 {
+		t.Fatalf("readReply = %q, %v (%d bytes left)", k, err, r.Len())
+	}
+	gh, gc, ga, err := decodeOffers(p)
+	if err != nil || gh != host || !slices.Equal(gc, codes) || !slices.Equal(ga, addrs) {
+		t.Errorf("decodeOffers = %#x, %x, %q, %v; doc says %#x, %x, %q", gh, gc, ga, err, host, codes, addrs)
 	}
 }
 

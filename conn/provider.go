@@ -148,6 +148,7 @@ func chooseProvider(o *options) (string, transport.Device, error) {
 		return "", nil, err
 	}
 	o.providerWhy = why
+	o.pinned = why == "option" || why == settings.Provider
 	if l := o.log(); l.Enabled(context.Background(), slog.LevelDebug) {
 		l.Debug("rdmagrpc: transport provider chosen", "provider", name, "why", why, "device", d.Name())
 	}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ const (
 	VerbsSL        = "RDMAGRPC_VERBS_SL"
 	VerbsGIDIndex  = "RDMAGRPC_VERBS_GID_INDEX"
 	VerbsRoCEVer   = "RDMAGRPC_VERBS_ROCE_VERSION"
+	ShmDir         = "RDMAGRPC_SHM_DIR"
 	prefix         = "RDMAGRPC_"
 	providerAccept = "verbs or shm (either case)"
 )
@@ -57,6 +59,8 @@ var Vars = []Var{
 		func(v string) error { _, err := ParseSize(v); return err }},
 	{VerbsDevices, "the RDMA devices and ports verbs may use, as NCCL_IB_HCA: mlx5_0:1,mlx5_1 or ^mlx5_2 (all but); unset: all", "a comma-separated list of device[:port], optionally led by ^",
 		func(v string) error { _, err := ParseDevices(v); return err }},
+	{ShmDir, "a directory the processes of this host share across network namespaces (a volume two pods mount): shm listeners bind a socket there too, and dialers look there for an address of another namespace; unset: none", "an absolute path of a directory",
+		CheckShmDir},
 	{VerbsTC, "the IP traffic class (DSCP × 4 + ECN) of RoCE traffic, as NCCL_IB_TC; unset: 0", "a traffic class from 0 to 255 (DSCP × 4, e.g. 106 for DSCP 26 with ECN)",
 		func(v string) error { _, err := ParseTrafficClass(v); return err }},
 }
@@ -283,4 +287,15 @@ func parseRange(name, v string) (int, error) {
 		return 0, &Error{name, v, fmt.Sprintf("a number from %d to %d", r.min, r.max)}
 	}
 	return n, nil
+}
+
+// CheckShmDir checks a socket directory: an absolute path of a directory.
+func CheckShmDir(v string) error {
+	if !filepath.IsAbs(v) {
+		return &Error{Name: ShmDir, Value: v, Accepts: "an absolute path of a directory"}
+	}
+	if fi, err := os.Stat(v); err != nil || !fi.IsDir() {
+		return &Error{Name: ShmDir, Value: v, Accepts: "an absolute path of a directory that exists"}
+	}
+	return nil
 }

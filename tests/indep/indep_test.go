@@ -468,6 +468,26 @@ func readN(t *testing.T, c net.Conn, n int, step string) []byte {
 	return b
 }
 
+// readStartThen reads a client start replayed ahead of the stream (the
+// preface and a SETTINGS frame of any length, whose first two parameters
+// say rdmagrpc and provider), then the stream's tail.
+func readStartThen(t *testing.T, c net.Conn, provider, tail, step string) {
+	t.Helper()
+	h := readN(t, c, len(http2Preface)+9, step)
+	if string(h[:len(http2Preface)]) != http2Preface || h[len(http2Preface)+3] != 4 {
+		t.Fatalf("%s: %q is not the preface and a SETTINGS frame", step, h)
+	}
+	n := int(h[len(http2Preface)])<<16 | int(h[len(http2Preface)+1])<<8 | int(h[len(http2Preface)+2])
+	params := readN(t, c, n, step)
+	want := ClientStart(provider)[len(http2Preface)+9:]
+	if n < len(want) || !bytes.Equal(params[:len(want)], want) {
+		t.Fatalf("%s: SETTINGS parameters %x, want them to begin %x", step, params, want)
+	}
+	if got := readN(t, c, len(tail), step); string(got) != tail {
+		t.Fatalf("%s: %q after the client start, want %q", step, got, tail)
+	}
+}
+
 // conn.Dial against our listener: the offer names a port where no shm
 // listener is, the upgrade fails, the client sends 'T' and stays on TCP.
 func TestNegotiationListenerOfferFallsBack(t *testing.T) {
@@ -490,10 +510,7 @@ func TestNegotiationListenerOfferFallsBack(t *testing.T) {
 	if r.Kind != ClientStayed {
 		t.Fatalf("step after offer: %v (byte %q, err %v), want client-stayed ('T')", r.Kind, r.AfterOffer, r.AfterOfferErr)
 	}
-	want := append(ClientStart("shm"), "after-preface"...)
-	if got := readN(t, r.Conn, len(want), "stream after T"); !bytes.Equal(got, want) {
-		t.Fatalf("stream after T: %q, want %q", got, want)
-	}
+	readStartThen(t, r.Conn, "shm", "after-preface", "stream after T")
 	if st := c.(*conn.Conn).Stats(); st.Provider != "tcp" {
 		t.Errorf("client provider %q, want tcp", st.Provider)
 	}
@@ -551,10 +568,7 @@ func TestNegotiationListenerOtherProvider(t *testing.T) {
 	if r.Kind != RepliedTCP {
 		t.Fatalf("sniffed %v, want replied-tcp", r.Kind)
 	}
-	want := append(ClientStart("shm"), "tcp-stream"...)
-	if got := readN(t, r.Conn, len(want), "stream after reply T"); !bytes.Equal(got, want) {
-		t.Fatalf("stream after reply T: %q, want %q", got, want)
-	}
+	readStartThen(t, r.Conn, "shm", "tcp-stream", "stream after reply T")
 }
 
 // Section 2.7: the application's first bytes are not HTTP/2; conn.Dial

@@ -125,6 +125,11 @@ func TestPackagesInGuest(t *testing.T) {
 			}
 			name := filepath.Base(bin)
 			helpers, env := buildHelpers(t, root, pkg, dir)
+			// Pinned, so that a package's dials within the guest test
+			// verbs: chosen, verbs serves other hosts and shm this one
+			// (TestRXESameHost*, TestRXEPairChooses* unset it).
+			pinned := []string{"RDMAGRPC_PROVIDER=verbs"}
+			env = append(env, pinned...)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			r, err := img.RunOne(ctx, Payload{
@@ -149,7 +154,7 @@ func TestPackagesInGuest(t *testing.T) {
 				return
 			}
 			args := []string{name, "-test.v", "-test.count=1", "-test.timeout=8m", "-test.run", pairTests}
-			ra, rb, err := img.RunPair(ctx, Payload{Files: Files(bin), Args: args}, Payload{Files: Files(bin), Args: args})
+			ra, rb, err := img.RunPair(ctx, Payload{Files: Files(bin), Args: args, Env: pinned}, Payload{Files: Files(bin), Args: args, Env: pinned})
 			t.Logf("%s across two guests: exit a=%d b=%d, run %v / %v", name, ra.ExitCode, rb.ExitCode, ra.Run, rb.Run)
 			if err != nil || ra.ExitCode != 0 || rb.ExitCode != 0 || testing.Verbose() {
 				t.Logf("guest a output:\n%s\nguest b output:\n%s", ra.Output, rb.Output)

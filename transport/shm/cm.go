@@ -175,8 +175,18 @@ func (d *device) Listen(addr string) (transport.Listener, error) {
 		handled: make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	l.wg.Add(1)
-	go l.acceptLoop()
+	dir, err := sockDir()
+	if err == nil && dir != "" {
+		err = l.listenDir(dir)
+	}
+	if err != nil {
+		ul.Close()
+		return nil, fmt.Errorf("shm: listen on %s: %w", addr, err)
+	}
+	for _, f := range append([]*os.File{ul}, l.dirSocks...) {
+		l.wg.Add(1)
+		go l.acceptLoop(f)
+	}
 	return l, nil
 }
 
@@ -203,7 +213,8 @@ func listenSock(name string) (*os.File, error) {
 
 type listener struct {
 	dev       *device
-	ul        *os.File // the listening socket (listenSock)
+	ul        *os.File   // the listening socket (listenSock)
+	dirSocks  []*os.File // its sockets in the socket directory (sockdir.go)
 	addr      *Addr
 	reqs      chan *connReq
 	handle    atomic.Pointer[func(transport.ConnRequest)] // HandleRequests; nil: queue for Accept
@@ -226,9 +237,9 @@ func (l *listener) Addr() net.Addr { return l.addr }
 // acceptLoop accepts the sockets of connect requests as descriptors of
 // our own, outside Go's netpoller (see rawSock): only the listening
 // socket is waited for there.
-func (l *listener) acceptLoop() {
+func (l *listener) acceptLoop(ul *os.File) {
 	defer l.wg.Done()
-	rc, err := l.ul.SyscallConn()
+	rc, err := ul.SyscallConn()
 	if err != nil {
 		logx.L().Error("rdmagrpc shm: listener stops", "listener", l.addr.String(), "err", err)
 		return
@@ -463,6 +474,7 @@ func (l *listener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
 		l.ul.Close()
+		l.closeDir()
 		// Unblock handshakes still reading a request.
 		l.mu.Lock()
 		for c := range l.pending {
@@ -679,10 +691,18 @@ func dialAddr(ctx context.Context, addr string) (netip.Addr, int, *rawSock, *uni
 	if err != nil {
 		return ip, 0, nil, nil, err
 	}
-	if !isLocal(ip) {
-		return ip, 0, nil, nil, errNotLocal("connect to", addr, ip)
+	var c *rawSock
+	var cred *unix.Ucred
+	if isLocal(ip) {
+		c, cred, err = dialShm(ctx, ip, port)
+	} else {
+		// Another namespace's address: only through a socket directory.
+		dir, derr := sockDir()
+		if derr != nil || dir == "" {
+			return ip, 0, nil, nil, errors.Join(errNotLocal("connect to", addr, ip), derr)
+		}
+		c, cred, err = dialDir(dir, ip, port, transport.PeerCheckFrom(ctx))
 	}
-	c, cred, err := dialShm(ctx, ip, port)
 	if err != nil {
 		return ip, 0, nil, nil, fmt.Errorf("shm: connect to %s: %w", addr, err)
 	}
