@@ -164,8 +164,14 @@ func (r *report) choice() {
 	switch {
 	case r.choiceErr == nil:
 		r.printf("%s (%s)\n", r.provider, r.reason)
-		if r.provider != "verbs" {
+		switch {
+		case r.provider != "verbs":
 			r.printf("  it reaches the processes of this host; connections to other hosts stay on TCP\n")
+		case r.reason != settings.Provider:
+			r.printf("  per connection: shm to the processes of this kernel, verbs to other hosts\n")
+		}
+		if dir, ok := settings.Get(settings.ShmDir); ok && dir != "" {
+			r.printf("  shm across network namespaces through %s (%s)\n", dir, settings.ShmDir)
 		}
 	case errors.Is(r.choiceErr, conn.ErrBadSetting):
 		r.printf("none: Listen and Dial fail on the bad settings above\n")

@@ -13,7 +13,7 @@ RXE_TIMEOUT ?= 20m
 # too (it doubles the conn run under TCG, ≈ 5 min for the whole tier).
 RXE_GOFLAGS ?= -race
 
-.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair
+.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair bench-rxe-samehost
 
 test-rxe: deps
 	RDMAGRPC_RXE=1 RDMAGRPC_RXE_CACHE=$(RXE_CACHE) RDMAGRPC_RXE_PKGS="$(RXE_PKGS)" \
@@ -70,3 +70,14 @@ bench-rxe-pair: deps
 	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 40m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh \
 	  -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
 	  -b /rxe/bin/bench-pair.sh -- /rxe/bin/bench-pair.sh
+
+# Same host, RDMA device present: rdmagrpc as it chooses per connection
+# (shm for a peer of this kernel) against rdmagrpc pinned to verbs, client
+# and server in two processes of one guest, alternately, TCP in every run
+# (tests/rxe/bench-samehost.sh); RXE_ROUNDS rounds (3 unless set above 0).
+bench-rxe-samehost: deps
+	$(GO) build -o bin/rdmabench ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 40m -f bin/rdmabench -f tests/rxe/bench-samehost.sh \
+	  -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
+	  -- /rxe/bin/bench-samehost.sh
