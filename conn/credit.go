@@ -51,7 +51,7 @@ func (g *txCredits) use() { g.credits-- }
 
 // returned adds n credits the peer gave back for a ring of count slots;
 // false means the peer returned more than the ring holds (a protocol
-// error). receivedLocked (poll.go) does this inline.
+// error).
 func (g *txCredits) returned(n, count int) bool {
 	g.credits += n
 	return g.credits <= count
@@ -112,7 +112,7 @@ func (r *rxCredits) consumeNow(slot int) {
 
 // tookReserve reports whether the last message left its writer no credit
 // for this ring, counting every credit already returned: data may not do
-// that (the reserve rule). receivedLocked (poll.go) checks this inline.
+// that (the reserve rule).
 func (r *rxCredits) tookReserve() bool {
 	returned := r.released - uint64(r.freed)
 	return r.arrived-returned >= uint64(r.count)

@@ -482,11 +482,8 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 // immediate is checked against what this connection granted.
 func (c *Conn) receivedLocked(imm uint32) error {
 	kind, ring, credits, n := decodeImm(imm)
-	if t := &c.tx[ring]; credits > 0 && !(ring == large && c.enl.shrunk) {
-		t.credits += credits
-		if t.credits > t.count {
-			return fmt.Errorf("%w: %d credits for a ring of %d slots", errProtocol, t.credits, t.count)
-		}
+	if t := &c.tx[ring]; credits > 0 && !(ring == large && c.enl.shrunk) && !t.returned(credits, t.count) {
+		return fmt.Errorf("%w: %d credits for a ring of %d slots", errProtocol, t.credits, t.count)
 	}
 	c.st.MessagesIn++
 	switch kind {
@@ -507,13 +504,12 @@ func (c *Conn) receivedLocked(imm uint32) error {
 		// ask for it: data that leaves the writer no credit, counting
 		// every credit we sent back, broke that rule. Spilling relies on
 		// it (spillLocked).
-		if returned := r.released - uint64(r.freed); r.arrived-returned >= uint64(r.count) {
+		if r.tookReserve() {
 			return fmt.Errorf("%w: data message into the last credit of ring %d, kept for control records", errProtocol, kind)
 		}
 		if c.discarding {
 			// Closed: nobody reads it; the slot goes back at once.
-			r.consume(slot)
-			r.urgent = true
+			r.consumeNow(slot)
 			c.returnCreditsLocked()
 			return nil
 		}
