@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -109,6 +110,31 @@ func TestOneListenerChoosesPerConnection(t *testing.T) {
 			wantProvider(t, "server", s, tc.provider, tc.srvWhy)
 		})
 	}
+	// A dialer's peer check that refuses the shm listener moves it to
+	// the next offer: verbs where it is real (the rxe guest); here,
+	// where "verbs" is shm under another name, the check refuses that
+	// too, and the connection stays on TCP.
+	t.Run("peer check refuses shm", func(t *testing.T) {
+		ForgetServers()
+		want := "tcp"
+		if _, err := device("verbs"); err == nil {
+			want = "verbs"
+		}
+		refuse := WithPeerCheck(func(pid, uid, gid int) error { return errors.New("not this one") })
+		got := echoOnce(t, l)
+		c, err := Dial(t.Context(), l.Addr().String(), refuse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wantProvider(t, "client", c.(*Conn), want, "")
+		if want == "verbs" {
+			roundTrip(t, c)
+			if s := <-got; s != nil {
+				s.Close()
+			}
+		}
+	})
 	// A shm client of another host is offered nothing: stays TCP.
 	t.Run("shm client of another host", func(t *testing.T) {
 		ForgetServers()
