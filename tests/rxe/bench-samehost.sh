@@ -6,7 +6,7 @@
 # TCP in every run. Under TCG only the ratios within one run mean anything.
 ulimit -n 65536
 echo "guest: rxe0 at $RXE_ADDR, $(nproc) vCPUs"
-for i in 1 2; do
+for i in $(seq "${ITER:-2}"); do
 	for p in chosen verbs; do
 		echo "=== $p run $i"
 		prov=""
