@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rdmagrpc/rdmagrpc/conn"
 )
 
@@ -45,6 +47,7 @@ func refChild(args []string) int {
 	provider := fs.String("provider", "", "rdmagrpc provider")
 	rings := fs.Bool("rings", false, "rendezvous off: every write through the rings")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this half to this file")
+	stats := fs.Bool("stats", false, "print the connection's message counts on stderr at the end")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -72,9 +75,9 @@ func refChild(args []string) int {
 	var err error
 	switch {
 	case *serve != "":
-		err = refServe(ctx, *serve, opts)
+		err = refServe(ctx, *serve, opts, *stats)
 	case *dial != "":
-		err = refDial(ctx, *dial, *op, *size, *count, *provider, opts)
+		err = refDial(ctx, *dial, *op, *size, *count, *provider, opts, *stats)
 	default:
 		err = errors.New("refchild: -serve or -dial")
 	}
@@ -86,7 +89,7 @@ func refChild(args []string) int {
 }
 
 // refServe accepts one connection and serves what its first byte asks.
-func refServe(ctx context.Context, addr string, opts []conn.Option) error {
+func refServe(ctx context.Context, addr string, opts []conn.Option, stats bool) error {
 	l, err := conn.Listen(ctx, addr, opts...)
 	if err != nil {
 		return err
@@ -97,6 +100,9 @@ func refServe(ctx context.Context, addr string, opts []conn.Option) error {
 		return err
 	}
 	defer c.Close()
+	if stats {
+		defer printStats("server", c)
+	}
 	var op [1]byte
 	if _, err := io.ReadFull(c, op[:]); err != nil {
 		return err
@@ -147,7 +153,7 @@ func refServe(ctx context.Context, addr string, opts []conn.Option) error {
 
 // refDial connects (retrying while the server half starts), measures and
 // prints key=value figures on one line.
-func refDial(ctx context.Context, addr, op string, size, count int, provider string, opts []conn.Option) error {
+func refDial(ctx context.Context, addr, op string, size, count int, provider string, opts []conn.Option, stats bool) error {
 	var c net.Conn
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -165,6 +171,9 @@ func refDial(ctx context.Context, addr, op string, size, count int, provider str
 		time.Sleep(100 * time.Millisecond)
 	}
 	defer c.Close()
+	if stats {
+		defer printStats("client", c)
+	}
 	st := c.(*conn.Conn).Stats()
 	if provider != "" && st.Provider != provider {
 		return fmt.Errorf("connection runs on %s, not %s (%s)", st.Provider, provider, st.ProviderReason)
@@ -480,4 +489,18 @@ func refFloat(m map[string]string, k string) (float64, error) {
 		return 0, fmt.Errorf("no %s in the output", k)
 	}
 	return strconv.ParseFloat(v, 64)
+}
+
+// printStats writes a connection's message counts: what a write cost in
+// messages, credit stalls and ring phases.
+func printStats(side string, c net.Conn) {
+	st := c.(*conn.Conn).Stats()
+	fmt.Fprintf(os.Stderr, "%s stats: messages out %d, in %d (large-ring data in %d, small %d); credit stalls %d; rendezvous out %d, in %d; bytes out %d, in %d; enlargements %d; send phase %s, receive phase %s\n",
+		side, st.MessagesOut, st.MessagesIn, st.LargeDataIn, st.SmallDataIn, st.CreditStalls, st.Rendezvous, st.RendezvousIn,
+		st.BytesOut, st.BytesIn, st.Enlargements, st.SendPhase, st.RecvPhase)
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+		fmt.Fprintf(os.Stderr, "%s rusage: user %v, system %v, voluntary context switches %d, involuntary %d\n",
+			side, time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano()), ru.Nvcsw, ru.Nivcsw)
+	}
 }
