@@ -8,7 +8,8 @@
 # ping-pong. Server and client are two processes: in one guest, both
 # here, the server on RXE_ADDR; in a pair, the servers in guest A
 # (rdmabench -refcontrol) and the clients in guest B, which prints the
-# tables. Under TCG only the ratios within one run mean anything.
+# tables. REF_FLAGS: more rdmabench flags (-refmb, -refmsgs, -reflat).
+# Under TCG only the ratios within one run mean anything.
 ulimit -n 65536
 port=7480
 sizes="${REF_SIZES:-64,32768,1048576}"
@@ -20,10 +21,10 @@ a)
 	;;
 b)
 	/rxe/bin/rdmabench -ref -refpeer "$RXE_PEER:$port" -host "$RXE_PEER" -provider verbs \
-		-refdev "${RXE_DEV:-rxe0}" -refgid "${RXE_GID_INDEX:-1}" -raw "$sizes" -rounds "$rounds"
+		-refdev "${RXE_DEV:-rxe0}" -refgid "${RXE_GID_INDEX:-1}" -raw "$sizes" -rounds "$rounds" $REF_FLAGS
 	;;
 *)
 	/rxe/bin/rdmabench -ref -host "$RXE_ADDR" -provider verbs \
-		-refdev "${RXE_DEV:-rxe0}" -refgid "${RXE_GID_INDEX:-1}" -raw "$sizes" -rounds "$rounds"
+		-refdev "${RXE_DEV:-rxe0}" -refgid "${RXE_GID_INDEX:-1}" -raw "$sizes" -rounds "$rounds" $REF_FLAGS
 	;;
 esac

@@ -46,7 +46,12 @@ RXE_SPEED_ROUNDS = $(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS))
 # bench-rxe-ref-pair run only them.
 RXE_REF       ?= 1
 RXE_REF_SIZES ?= 64,32768,1048576
-RXE_REF_ENV    = -f tests/rxe/bench-ref.sh -e REF_SIZES=$(RXE_REF_SIZES) -e REF_ROUNDS=$(RXE_SPEED_ROUNDS)
+# RXE_REF_FLAGS: more rdmabench -ref flags, e.g. "-refmb 32 -refmsgs 20000"
+# (MiB and at most how many messages per bandwidth figure; default 128 and
+# 100,000) or "-reflat 5000" (round trips per latency figure; 20,000).
+RXE_REF_FLAGS ?=
+RXE_REF_ENV    = -f tests/rxe/bench-ref.sh -e REF_SIZES=$(RXE_REF_SIZES) -e REF_ROUNDS=$(RXE_SPEED_ROUNDS) \
+  -e "REF_FLAGS=$(RXE_REF_FLAGS)"
 bench-rxe: deps
 	$(GO) build -o bin/rdmabench ./cmd/rdmabench
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
