@@ -394,7 +394,7 @@ func (cfg *refConfig) refMarkdown(w io.Writer, r *refResults, took time.Duration
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", sizeName(size), strings.Join(cells, " | "),
 			refRatio(rd, v[refWriteBW]), refRatio(rd, v[refRstream]))
 	}
-	fmt.Fprintf(w, "\nCPU per MB moved, client and server processes together (user + system time over each process's whole life, set-up included; rxe's work runs in the kernel, mostly as these processes' system time; perftest and rstream poll their completions without sleeping):\n\n")
+	fmt.Fprintf(w, "\nCPU per MB moved, client and server processes together (user + system time over each process's whole life, set-up included; rxe's work runs in the kernel, partly in these processes' system calls; perftest and rstream poll their completions without sleeping):\n\n")
 	io.WriteString(w, head)
 	for _, size := range cfg.sizes {
 		cells, v := r.cells(refRowCPU(size), bwTools, func(x float64) string { return fmt.Sprintf("%.2f ms", x*1e3) })
