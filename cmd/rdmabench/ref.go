@@ -389,7 +389,7 @@ func (cfg *refConfig) refMarkdown(w io.Writer, r *refResults, took time.Duration
 	fmt.Fprintf(w, "One-way throughput (perftest: its average; rstream: n transfers there and n back, over both; rdmagrpc: net.Conn writes of the size to a reader in another process, to its count of what arrived):\n\n")
 	io.WriteString(w, head)
 	for _, size := range cfg.sizes {
-		cells, v := r.cells(refRowBW(size), bwTools, func(x float64) string { return fmt.Sprintf("%.1f MB/s", x/1e6) })
+		cells, v := r.cells(refRowBW(size), bwTools, refMBps)
 		rd := v[refRDMA]
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", sizeName(size), strings.Join(cells, " | "),
 			refRatio(rd, v[refWriteBW]), refRatio(rd, v[refRstream]))
@@ -443,6 +443,14 @@ func (r *refResults) cells(row string, tools []string, f func(float64) string) (
 		cells = append(cells, f(m))
 	}
 	return cells, v
+}
+
+// refMBps keeps three digits where one decimal would round to zero.
+func refMBps(x float64) string {
+	if x < 1e6 {
+		return fmt.Sprintf("%.3f MB/s", x/1e6)
+	}
+	return fmt.Sprintf("%.1f MB/s", x/1e6)
 }
 
 func refRatio(v, ref float64) string {

@@ -43,6 +43,12 @@ func TestParseReferenceTools(t *testing.T) {
 	if err != nil || !near(p50, 944e-6) || !near(mean, 1347.2e-6) {
 		t.Errorf("parseRefPingPong = %v, %v, %v", p50, mean, err)
 	}
+	if got := refMBps(12345); got != "0.012 MB/s" {
+		t.Errorf("refMBps(12345) = %s", got)
+	}
+	if got := refMBps(36.94e6); got != "36.9 MB/s" {
+		t.Errorf("refMBps(36.94e6) = %s", got)
+	}
 	if _, err := parsePerftestBW("Unable to perform rdma_client function\n"); err == nil {
 		t.Error("parsePerftestBW of a failed run: no error")
 	}
