@@ -7,6 +7,14 @@
 // on the other one: there `rdmabench -spawner :7470 -host B`, here
 // `rdmabench -remote B:7470 -host A`.
 //
+// Beside the RDMA device's own reference tools (perftest over rdma_cm,
+// rsockets' rstream) instead, raw net.Conn figures only:
+//
+//	rdmabench -ref -provider verbs -host ADDR [-raw 64,32768,1048576] [-rounds 3]
+//
+// with the server halves on another host: there `rdmabench -refcontrol
+// :7480`, here `rdmabench -ref -refpeer B:7480 -host B`.
+//
 // Progress goes to stderr, the tables to stdout (and to -o).
 package main
 
@@ -20,6 +28,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -28,6 +37,9 @@ import (
 
 func main() {
 	bench.ServeIdleIfChild()
+	if len(os.Args) > 1 && os.Args[1] == "refchild" {
+		os.Exit(refChild(os.Args[2:]))
+	}
 	cfg := bench.DefaultConfig()
 	flag.DurationVar(&cfg.BenchTime, "benchtime", cfg.BenchTime, "measuring time per figure and transport, per round")
 	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds (medians are reported)")
@@ -48,7 +60,36 @@ func main() {
 	host := flag.String("host", "", "address rdmagrpc listens on (default 127.0.0.1; an RDMA device's address with verbs)")
 	spawner := flag.String("spawner", "", "serve server children on this TCP address for a bench run on another host (-remote there), until that run ends; needs -host")
 	remote := flag.String("remote", "", "run the server children on another host, through its -spawner at this host:port")
+	ref := flag.Bool("ref", false, "instead of the figures above: rdmagrpc's raw net.Conn (-raw sizes, and a ping-pong) beside perftest and rstream on an RDMA device")
+	refControlAddr := flag.String("refcontrol", "", "serve the server halves of a -ref run on another host (-refpeer there) on this TCP address, until it ends")
+	refPeer := flag.String("refpeer", "", "with -ref: run the server halves through the -refcontrol at this host:port")
+	refDev := flag.String("refdev", "rxe0", "with -ref: perftest's device")
+	refGID := flag.Int("refgid", 1, "with -ref: perftest's GID index")
+	refMB := flag.Int("refmb", 128, "with -ref: MiB per bandwidth figure, one way")
+	refMsgs := flag.Int("refmsgs", 100000, "with -ref: at most this many messages per bandwidth figure")
+	refLat := flag.Int("reflat", 20000, "with -ref: round trips per latency figure (64 B each way)")
 	flag.Parse()
+	if *ref || *refControlAddr != "" {
+		rs, err := parseInts(*raw)
+		if err != nil {
+			fatal(fmt.Errorf("-raw: %w", err))
+		}
+		var w io.Writer = os.Stdout
+		if *out != "" {
+			f, err := os.Create(*out)
+			if err != nil {
+				fatal(err)
+			}
+			defer f.Close()
+			w = io.MultiWriter(os.Stdout, f)
+		}
+		refMain(refConfig{
+			sizes: rs, latSize: 64, rounds: cfg.Rounds, server: *host, dev: *refDev, gid: *refGID,
+			provider: *provider, bytes: int64(*refMB) << 20, maxMsgs: *refMsgs, latIters: *refLat,
+			peer: *refPeer, basePort: 20000, log: os.Stderr, timeout: 3 * time.Minute, startWait: 300 * time.Millisecond,
+		}, *refControlAddr, w)
+		return
+	}
 	if *host != "" {
 		os.Setenv(bench.HostEnv, *host)
 	}

@@ -13,7 +13,7 @@ RXE_TIMEOUT ?= 20m
 # too (it doubles the conn run under TCG, ≈ 5 min for the whole tier).
 RXE_GOFLAGS ?= -race
 
-.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair bench-rxe-samehost
+.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair bench-rxe-ref bench-rxe-ref-pair bench-rxe-samehost
 
 test-rxe: deps
 	RDMAGRPC_RXE=1 RDMAGRPC_RXE_CACHE=$(RXE_CACHE) RDMAGRPC_RXE_PKGS="$(RXE_PKGS)" \
@@ -37,12 +37,35 @@ RXE_ROUNDS ?= 0
 RXE_BENCHTIME ?= 300ms
 # The speed-only targets below: RXE_ROUNDS, or 3 where it is 0.
 RXE_SPEED_ROUNDS = $(if $(filter 0,$(RXE_ROUNDS)),3,$(RXE_ROUNDS))
+# bench-rxe and bench-rxe-pair first measure rdmagrpc's raw net.Conn beside
+# the device's reference tools in the same boot (tests/rxe/bench-ref.sh,
+# rdmabench -ref): perftest over rdma_cm (ib_write_bw, ib_send_bw,
+# ib_write_lat, ib_send_lat) and rsockets' rstream at RXE_REF_SIZES, and a
+# 64 B ping-pong, RXE_SPEED_ROUNDS interleaved rounds, about 2 minutes a
+# round under TCG. RXE_REF=0 leaves them out; bench-rxe-ref and
+# bench-rxe-ref-pair run only them.
+RXE_REF       ?= 1
+RXE_REF_SIZES ?= 64,32768,1048576
+# RXE_REF_FLAGS: more rdmabench -ref flags, e.g. "-refmb 32 -refmsgs 20000"
+# (MiB and at most how many messages per bandwidth figure; default 128 and
+# 100,000) or "-reflat 5000" (round trips per latency figure; 20,000).
+RXE_REF_FLAGS ?=
+RXE_REF_ENV    = -f tests/rxe/bench-ref.sh -e REF_SIZES=$(RXE_REF_SIZES) -e REF_ROUNDS=$(RXE_SPEED_ROUNDS) \
+  -e "REF_FLAGS=$(RXE_REF_FLAGS)"
 bench-rxe: deps
 	$(GO) build -o bin/rdmabench ./cmd/rdmabench
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
-	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 20m -f bin/rdmabench -f tests/rxe/bench-idle.sh \
-	  -e IDLE=$(RXE_IDLE) -e ROUNDS=$(RXE_ROUNDS) -e BENCHTIME=$(if $(filter 0,$(RXE_ROUNDS)),10ms,$(RXE_BENCHTIME)) \
+	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 30m -f bin/rdmabench -f tests/rxe/bench-idle.sh $(RXE_REF_ENV) \
+	  -e REF=$(RXE_REF) -e IDLE=$(RXE_IDLE) -e ROUNDS=$(RXE_ROUNDS) -e BENCHTIME=$(if $(filter 0,$(RXE_ROUNDS)),10ms,$(RXE_BENCHTIME)) \
 	  -- /rxe/bin/bench-idle.sh
+
+# Only the reference tools beside rdmagrpc, in one guest (about 6 minutes
+# with 3 rounds).
+bench-rxe-ref: deps
+	$(GO) build -o bin/rdmabench ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 30m -f bin/rdmabench -f tests/rxe/bench-idle.sh $(RXE_REF_ENV) \
+	  -e REF=1 -e BENCH=0 -- /rxe/bin/bench-idle.sh
 
 # The speed figures over verbs before and after a change: rdmabench built
 # at BEFORE (a commit; a git worktree) and here, run alternately in one
@@ -67,8 +90,8 @@ bench-rxe-compare: deps
 bench-rxe-pair: deps
 	$(GO) build -o bin/rdmabench ./cmd/rdmabench
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
-	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 40m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh \
-	  -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
+	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 50m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh $(RXE_REF_ENV) \
+	  -e REF=$(RXE_REF) -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
 	  -b /rxe/bin/bench-pair.sh -- /rxe/bin/bench-pair.sh
 
 # Same host, RDMA device present: rdmagrpc as it chooses per connection
@@ -81,3 +104,11 @@ bench-rxe-samehost: deps
 	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 40m -f bin/rdmabench -f tests/rxe/bench-samehost.sh \
 	  -e ROUNDS=$(RXE_SPEED_ROUNDS) -e BENCHTIME=$(RXE_BENCHTIME) \
 	  -- /rxe/bin/bench-samehost.sh
+
+# Only the reference tools beside rdmagrpc, across the two guests: the
+# servers in guest A, the clients in guest B, which prints the tables.
+bench-rxe-ref-pair: deps
+	$(GO) build -o bin/rdmabench ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 30m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh $(RXE_REF_ENV) \
+	  -e REF=1 -e BENCH=0 -b /rxe/bin/bench-pair.sh -- /rxe/bin/bench-pair.sh
