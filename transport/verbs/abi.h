@@ -387,6 +387,7 @@ struct rdma_cm_event {
 	X(struct ibv_cq *, ibv_create_cq,                                                      \
 	  (struct ibv_context *, int, void *, struct ibv_comp_channel *, int))                 \
 	X(int, ibv_destroy_cq, (struct ibv_cq *))                                              \
+	X(int, ibv_resize_cq, (struct ibv_cq *, int))                                          \
 	X(int, ibv_get_cq_event, (struct ibv_comp_channel *, struct ibv_cq **, void **))       \
 	X(void, ibv_ack_cq_events, (struct ibv_cq *, unsigned int))                            \
 	X(struct ibv_qp *, ibv_create_qp, (struct ibv_pd *, struct ibv_qp_init_attr *))        \

@@ -54,6 +54,12 @@ type cq struct {
 	cq     *C.struct_ibv_cq
 	cap    int
 
+	// The device queue may start smaller than asked (cqgrow.go); then
+	// want is the size asked for and acct counts what may arrive.
+	want  int
+	grown atomic.Bool // the device queue has its full size: no accounting
+	acct  cqAcct
+
 	overflow atomic.Bool
 	fn       atomic.Pointer[func()] // SetNotify's, called instead of waking Wait
 	woke     chan struct{}          // a wake-up for Wait, buffered so none is lost
@@ -73,19 +79,40 @@ func newCQ(d *device, entries int) (*cq, error) {
 		return nil, fmt.Errorf("verbs: CreateCQ(%d): device limit is %d entries", entries, d.attr.MaxCQE)
 	}
 	h := newHandle()
-	q, err := C.shim_create_cq(d.ctx, C.int(entries), d.comp.ch, C.uint64_t(h))
-	if q == nil {
-		return nil, fmt.Errorf("verbs: ibv_create_cq(%d): %w", entries, errnoNow(err))
+	start := entries
+	if d.cqGrows {
+		start = min(entries, initialCQE)
 	}
-	c := &cq{dev: d, handle: h, cq: q, cap: int(C.shim_cq_cqe(q)),
+	q, err := C.shim_create_cq(d.ctx, C.int(start), d.comp.ch, C.uint64_t(h))
+	if q == nil {
+		return nil, fmt.Errorf("verbs: ibv_create_cq(%d): %w", start, errnoNow(err))
+	}
+	c := &cq{dev: d, handle: h, cq: q, cap: int(C.shim_cq_cqe(q)), want: entries,
 		woke: make(chan struct{}, 1), closing: make(chan struct{})}
+	c.grown.Store(start == entries)
 	cqMu.Lock()
 	cqs[h] = c
 	cqMu.Unlock()
 	return c, nil
 }
 
-func (c *cq) Cap() int { return c.cap }
+// Cap is the device's capacity for the entries asked for. A queue that
+// started small grows to it first, so that the figure holds (a caller may
+// count on it, as the overflow tests do).
+func (c *cq) Cap() int {
+	if !c.grown.Load() {
+		c.mu.RLock()
+		if !c.closed {
+			c.acct.mu.Lock()
+			_ = c.growLocked()
+			c.acct.mu.Unlock()
+		}
+		c.mu.RUnlock()
+	}
+	c.acct.mu.Lock()
+	defer c.acct.mu.Unlock()
+	return c.cap
+}
 
 func (c *cq) Poll(wc []transport.WorkCompletion) (int, error) {
 	if len(wc) == 0 {
@@ -102,6 +129,9 @@ func (c *cq) Poll(wc []transport.WorkCompletion) (int, error) {
 	n := C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
 	if n < 0 {
 		return 0, opErr("ibv_poll_cq", n)
+	}
+	if n > 0 && !c.grown.Load() {
+		c.polled(wc[:n])
 	}
 	return int(n), nil
 }

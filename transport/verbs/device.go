@@ -27,6 +27,9 @@ type device struct {
 	// initDepth and respRes are the RDMA READ depths offered in the CM
 	// handshake (outgoing reads in flight, incoming reads served).
 	initDepth, respRes uint8
+	// cqGrows: the device resizes CQs, so a CQ starts at initialCQE and
+	// grows before it could be needed (cqgrow.go).
+	cqGrows bool
 
 	cm      *cmChannel
 	qpEnv   qpEnv        // the environment's overrides of the RC attributes
@@ -78,6 +81,7 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 		MaxMRSize:   uint64(a.max_mr_size),
 		MaxQPRdAtom: int(a.max_qp_rd_atom),
 	}
+	d.cqGrows = C.shim_probe_resize_cq(ctx) != 0
 	d.initDepth = uint8(min(int(a.max_qp_init_rd_atom), maxRdAtomic))
 	d.respRes = uint8(min(int(a.max_qp_rd_atom), maxRdAtomic))
 	if d.async, err = acquireAsync(ctx); err != nil {

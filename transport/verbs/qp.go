@@ -28,6 +28,8 @@ type qp struct {
 	num    uint32
 	attrs  qpAttrs
 	cfgC   C.struct_shim_qp_cfg
+	// scq and rcq count what posts may complete on them (cqgrow.go).
+	scq, rcq *cq
 
 	local, remote net.Addr
 	peerPrivate   []byte
@@ -134,6 +136,8 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	}
 	q.qp = h
 	q.num = uint32(h.qp_num)
+	q.scq, q.rcq = scq, rcq
+	scq.attachSend(q.num)
 	// Keep what the device granted: it can round capacities up.
 	q.attrs = a
 	q.attrs.maxSendWR, q.attrs.maxRecvWR = int(q.cfgC.max_send_wr), int(q.cfgC.max_recv_wr)
@@ -248,6 +252,7 @@ func (q *qp) destroy() {
 	}
 	if q.qp != nil {
 		C.shim_ibv_destroy_qp(q.qp)
+		q.scq.detachSend(q.num)
 	}
 	if q.id != nil {
 		C.shim_rdma_destroy_id(q.id) // refuses a request not yet answered
@@ -323,6 +328,8 @@ func (q *qp) Close() error {
 	q.dev.cm.unregister(q.handle)
 	if rc := C.shim_ibv_destroy_qp(q.qp); rc != 0 {
 		err = errors.Join(err, opErr("ibv_destroy_qp", rc))
+	} else {
+		q.scq.detachSend(q.num)
 	}
 	C.shim_rdma_destroy_id(q.id)
 	q.discOnce.Do(func() { close(q.disc) })
@@ -417,19 +424,28 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 		})
 		q.sges = appendSGEs(q.sges, sg)
 	}
-	n, err := q.postSendBuilt()
+	n, err := q.postSendBuilt(wrs)
 	if err != nil {
 		return n, err
 	}
 	return n, bad
 }
 
-func (q *qp) postSendBuilt() (int, error) {
+// postSendBuilt posts q.sendWRs, built from a prefix of wrs.
+func (q *qp) postSendBuilt(wrs []transport.SendWR) (int, error) {
 	if len(q.sendWRs) == 0 {
 		return 0, nil
 	}
+	k := len(q.sendWRs)
+	counting, err := q.sendBegin(k)
+	if err != nil {
+		return 0, fmt.Errorf("verbs: QP %d: %w", q.num, err)
+	}
 	var posted C.int
-	rc := C.shim_post_send(q.qp, unsafe.SliceData(q.sendWRs), C.int(len(q.sendWRs)), sgePtr(q.sges), &posted)
+	rc := C.shim_post_send(q.qp, unsafe.SliceData(q.sendWRs), C.int(k), sgePtr(q.sges), &posted)
+	if counting {
+		q.sendEnd(k, wrs, int(posted))
+	}
 	if rc != 0 {
 		return int(posted), q.postErr("ibv_post_send", rc)
 	}
@@ -458,8 +474,16 @@ func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
 	if len(q.recvWRs) == 0 {
 		return 0, bad
 	}
+	k := len(q.recvWRs)
+	counting, err := q.recvBegin(k)
+	if err != nil {
+		return 0, fmt.Errorf("verbs: QP %d: %w", q.num, err)
+	}
 	var posted C.int
-	rc := C.shim_post_recv(q.qp, unsafe.SliceData(q.recvWRs), C.int(len(q.recvWRs)), sgePtr(q.sges), &posted)
+	rc := C.shim_post_recv(q.qp, unsafe.SliceData(q.recvWRs), C.int(k), sgePtr(q.sges), &posted)
+	if counting {
+		q.recvEnd(k, int(posted))
+	}
 	if rc != 0 {
 		return int(posted), q.postErr("ibv_post_recv", rc)
 	}

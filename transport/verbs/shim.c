@@ -452,6 +452,29 @@ int shim_cq_cqe(struct ibv_cq *cq)
 	return cq->cqe;
 }
 
+int shim_resize_cq(struct ibv_cq *cq, int entries)
+{
+	int rc = shim_lib.ibv_resize_cq(cq, entries);
+
+	// ibv_resize_cq returns the errno itself; some drivers set errno
+	// and return -1.
+	if (rc < 0)
+		return errno ? errno : EIO;
+	return rc;
+}
+
+int shim_probe_resize_cq(struct ibv_context *ctx)
+{
+	struct ibv_cq *cq = shim_lib.ibv_create_cq(ctx, 1, NULL, NULL, 0);
+	int ok;
+
+	if (!cq)
+		return 0;
+	ok = shim_lib.ibv_resize_cq(cq, cq->cqe + 1) == 0 && cq->cqe > 1;
+	shim_lib.ibv_destroy_cq(cq);
+	return ok;
+}
+
 int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out)
 {
 	struct ibv_async_event ev;

@@ -145,6 +145,10 @@ int shim_accept(struct rdma_cm_id *id, uint32_t qp_num, const void *priv, uint8_
 struct ibv_cq *shim_create_cq(struct ibv_context *ctx, int entries, struct ibv_comp_channel *ch,
 			      uint64_t handle);
 int shim_cq_cqe(struct ibv_cq *cq);
+// ibv_resize_cq: 0 or an errno; the granted size is then shim_cq_cqe.
+int shim_resize_cq(struct ibv_cq *cq, int entries);
+// Whether the device resizes a CQ (some drivers refuse ibv_resize_cq).
+int shim_probe_resize_cq(struct ibv_context *ctx);
 
 struct shim_async {
 	int32_t event;
