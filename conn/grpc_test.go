@@ -236,9 +236,11 @@ func TestGRPCOneProcess(t *testing.T) {
 	}
 }
 
-func TestGRPCTwoProcesses(t *testing.T) {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envServer+"=1")
+// serverChild starts cmd, a server process (envServer set: it prints
+// its address, serves, and stops gracefully when its stdin closes), and
+// returns its address and a stop that waits for that graceful end.
+func serverChild(t *testing.T, cmd *exec.Cmd) (addr string, stop func()) {
+	t.Helper()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -251,8 +253,8 @@ func TestGRPCTwoProcesses(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
+	t.Cleanup(func() { cmd.Process.Kill() })
+	addr, err = bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		t.Fatalf("server process address: %v", err)
 	}
@@ -260,20 +262,30 @@ func TestGRPCTwoProcesses(t *testing.T) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		t.Fatalf("server process printed %q", addr)
 	}
+	return addr, func() {
+		t.Helper()
+		stdin.Close() // the server stops gracefully
+		errc := make(chan error, 1)
+		go func() { errc <- cmd.Wait() }()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Fatalf("server process: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("server process did not stop")
+		}
+	}
+}
+
+func TestGRPCTwoProcesses(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envServer+"=1")
+	addr, stop := serverChild(t, cmd)
 	cc := dial(t, addr)
 	rpcs(t, cc)
 	cc.Close()
-	stdin.Close() // the server stops gracefully
-	errc := make(chan error, 1)
-	go func() { errc <- cmd.Wait() }()
-	select {
-	case err := <-errc:
-		if err != nil {
-			t.Fatalf("server process: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("server process did not stop")
-	}
+	stop()
 }
 
 // grpc-go with 1 MiB write and read buffers writes up to 1 MiB at a time:
@@ -413,31 +425,12 @@ func TestRXESameHostChoosesShm(t *testing.T) {
 	verbsHere(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envServer+"=1")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	addr, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("server process address: %v", err)
-	}
-	st := providerOf(t, strings.TrimSpace(addr))
+	addr, stop := serverChild(t, cmd)
+	st := providerOf(t, addr)
 	if st.Provider != "shm" || !strings.Contains(st.ProviderReason, "same kernel") {
 		t.Errorf("client on the server's host: provider %q (%s), want shm (same kernel)", st.Provider, st.ProviderReason)
 	}
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("server process: %v", err)
-	}
+	stop()
 }
 
 // Across two hosts with RDMA devices the same listener serves over verbs:

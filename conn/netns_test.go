@@ -1,7 +1,6 @@
 package conn_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -105,25 +104,9 @@ func TestShmAcrossNetworkNamespaces(t *testing.T) {
 			env := append(os.Environ(), "RDMAGRPC_SHM_DIR="+tc.dir)
 			srv := exec.Command("ip", "netns", "exec", a, os.Args[0], "-test.run=^$")
 			srv.Env = append(env, envServer+"=1", envServerAddr+"="+net.JoinHostPort(ip, "0"))
-			stdin, err := srv.StdinPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			stdout, err := srv.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv.Stderr = os.Stderr
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Process.Kill()
-			addr, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil {
-				t.Fatalf("server process address: %v", err)
-			}
+			addr, stop := serverChild(t, srv)
 			cli := exec.Command("ip", "netns", "exec", b, os.Args[0], "-test.run=^$")
-			cli.Env = append(env, envClient+"="+strings.TrimSpace(addr))
+			cli.Env = append(env, envClient+"="+addr)
 			out, err := cli.CombinedOutput()
 			if err != nil {
 				t.Fatalf("client process: %v\n%s", err, out)
@@ -137,10 +120,7 @@ func TestShmAcrossNetworkNamespaces(t *testing.T) {
 			if !strings.HasPrefix(got, tc.provider+" ") || !strings.Contains(got, tc.why) {
 				t.Errorf("client in another namespace: %q, want %s (%s)\n%s", got, tc.provider, tc.why, out)
 			}
-			stdin.Close()
-			if err := srv.Wait(); err != nil {
-				t.Fatalf("server process: %v", err)
-			}
+			stop()
 		})
 	}
 }

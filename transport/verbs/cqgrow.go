@@ -142,8 +142,11 @@ func (c *cq) polled(wc []transport.WorkCompletion) {
 // sendBegin reserves room on q's send CQ for n sends; counting reports
 // whether sendEnd must be called with what was posted. The caller holds
 // q.mu's read side.
-func (q *qp) sendBegin(n int) (counting bool, err error) {
-	c := q.scq
+func (q *qp) sendBegin(n int) (counting bool, err error) { return q.scq.begin(n) }
+
+// begin reserves room on c for n completions; counting: c stays locked
+// (its read side and its account) until the matching End.
+func (c *cq) begin(n int) (counting bool, err error) {
 	if c == nil || c.grown.Load() {
 		return false, nil
 	}
@@ -175,20 +178,7 @@ func (q *qp) sendEnd(reserved int, wrs []transport.SendWR, posted int) {
 }
 
 // recvBegin and recvEnd are sendBegin and sendEnd for receives.
-func (q *qp) recvBegin(n int) (counting bool, err error) {
-	c := q.rcq
-	if c == nil || c.grown.Load() {
-		return false, nil
-	}
-	c.mu.RLock()
-	c.acct.mu.Lock()
-	counting, err = c.reserveLocked(n)
-	if !counting {
-		c.acct.mu.Unlock()
-		c.mu.RUnlock()
-	}
-	return counting, err
-}
+func (q *qp) recvBegin(n int) (counting bool, err error) { return q.rcq.begin(n) }
 
 func (q *qp) recvEnd(reserved, posted int) {
 	c := q.rcq
