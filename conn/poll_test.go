@@ -13,18 +13,23 @@ import (
 // A completion loop spins only while its connection can still carry
 // traffic: once the peer closed, what completes is its receives flushing,
 // and a spin then would hold a processor for WithPollSpin after every
-// close (here 10 s, so that a spin would show).
+// close (here 4 s, so that a spin would show beside the 2 s allowed).
+// Over verbs a loop spinning when the peer closes notices the close only
+// when its spin ends (the disconnect event does not cut it short): b's
+// wait below allows for that, and logs how long it took.
 func TestNoSpinOnceThePeerClosed(t *testing.T) {
-	a, b := conns(t, WithPollSpin(10*time.Second))
+	a, b := conns(t, WithPollSpin(4*time.Second))
 	transfer(t, a, b, random(100), writeAll(a)) // both loops have run
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
+	closed := time.Now()
 	testutil.Eventually(t, 10*time.Second, "b to see the close", testutil.Bool(func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return b.err != nil
 	}))
+	t.Logf("b saw the close after %v", time.Since(closed).Round(time.Millisecond))
 	testutil.Eventually(t, 2*time.Second, "the completion loops to stop spinning after the peer closed", func() (bool, string) {
 		n := spinners.Load()
 		return n == 0, fmt.Sprintf("%d completion loops spin", n)
