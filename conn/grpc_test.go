@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -307,19 +308,9 @@ func TestGRPCRendezvous(t *testing.T) {
 	testgrpc.RegisterTestServiceServer(s, interop.NewTestServer())
 	go s.Serve(l)
 	defer s.Stop()
-	var mu sync.Mutex
-	var conns []*conn.Conn
-	dialer := conn.Dialer()
+	dialer, dialed := recordingDialer()
 	cc, err := grpc.NewClient("passthrough:///"+l.Addr().String(),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			c, err := dialer(ctx, addr)
-			if err == nil {
-				mu.Lock()
-				conns = append(conns, c.(*conn.Conn))
-				mu.Unlock()
-			}
-			return c, err
-		}),
+		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
 		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window),
@@ -365,8 +356,7 @@ func TestGRPCRendezvous(t *testing.T) {
 	if _, err := st.Recv(); err != io.EOF {
 		t.Fatalf("stream end: %v", err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	conns := dialed()
 	if len(conns) != 1 {
 		t.Fatalf("%d connections, want 1", len(conns))
 	}
@@ -391,19 +381,9 @@ func verbsHere(t *testing.T) {
 // client connections' stats.
 func providerOf(t *testing.T, addr string) conn.Stats {
 	t.Helper()
-	var mu sync.Mutex
-	var conns []*conn.Conn
-	dialer := conn.Dialer()
+	dialer, dialed := recordingDialer()
 	cc, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			c, err := dialer(ctx, addr)
-			if err == nil {
-				mu.Lock()
-				conns = append(conns, c.(*conn.Conn))
-				mu.Unlock()
-			}
-			return c, err
-		}),
+		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(2*bigMsg), grpc.MaxCallSendMsgSize(2*bigMsg)))
 	if err != nil {
@@ -411,8 +391,7 @@ func providerOf(t *testing.T, addr string) conn.Stats {
 	}
 	defer cc.Close()
 	rpcs(t, cc)
-	mu.Lock()
-	defer mu.Unlock()
+	conns := dialed()
 	if len(conns) == 0 {
 		t.Fatal("no connection dialed")
 	}
@@ -481,4 +460,25 @@ func TestRXEPairChoosesVerbs(t *testing.T) {
 		t.Fatalf("telling guest a: %v", err)
 	}
 	c.Close()
+}
+
+// recordingDialer is conn.Dialer for grpc.WithContextDialer that keeps
+// the connections it dialed; dialed returns them so far.
+func recordingDialer() (dial func(context.Context, string) (net.Conn, error), dialed func() []*conn.Conn) {
+	var mu sync.Mutex
+	var conns []*conn.Conn
+	dialer := conn.Dialer()
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := dialer(ctx, addr)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c.(*conn.Conn))
+				mu.Unlock()
+			}
+			return c, err
+		}, func() []*conn.Conn {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(conns)
+		}
 }
