@@ -457,6 +457,7 @@ func (c *Conn) waitLocked(ch chan struct{}, deadline time.Time) {
 		}
 		t.Stop()
 	}
+	c.pl.flags.And(^uint32(plFlagWaiting))
 	c.mu.Lock()
 }
 

@@ -44,6 +44,7 @@ type options struct {
 	rdvThreshold int
 	rdvChunk     int
 	pollSpin     time.Duration
+	spinOnBusy   bool
 	backlog      int
 	peerCheck    func(pid, uid, gid int) error
 	logger       *slog.Logger // nil: the process-wide one (SetLogger)
@@ -167,11 +168,20 @@ func (o *options) log() *slog.Logger {
 // stops paying the full spin every time; an idle one never pays. Past
 // 50 µs each round of a spin also yields the processor, and at most two
 // loops per processor spin at once. Aeron's IPC idle strategies and
-// brpc's polling mode make the same trade. Spinning costs CPU that a
-// CPU-bound process would use: lower it on hosts with more busy
-// processes than cores; raise it where answers take longer and CPU is to
-// spare.
+// brpc's polling mode make the same trade. While the host is busy (see
+// WithSpinOnBusyHost) connections do not spin at all. Raise it where
+// answers take longer and CPU is to spare.
 func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
+
+// WithSpinOnBusyHost keeps connections spinning (within WithPollSpin)
+// while the host is busy. By default a connection does not spin while
+// processes other than this one and its peers on the host leave fewer
+// than one and a half processors free (measured over the last 100 ms
+// from /proc): there a spinning thread takes turns with them and with
+// the peer it waits for, and answers come later than to a sleeping one.
+// For a host whose other processes are known to yield, or a benchmark
+// of spinning itself.
+func WithSpinOnBusyHost() Option { return func(o *options) { o.spinOnBusy = true } }
 
 // WithProvider picks the transport provider ("verbs" or "shm", either
 // case, or another registered one), over RDMAGRPC_PROVIDER.

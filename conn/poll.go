@@ -43,9 +43,25 @@ type pollState struct {
 
 	// The spin budget (spin.go), kept by whoever polls: what this
 	// connection learned, and when its queue last went quiet.
-	spinUS  uint16 // µs; 0: not learned yet
-	quietAt uint32 // µs on the spin clock; 0: not quiet
+	spinUS   uint16 // µs; 0: not learned yet
+	sleeping bool   // the open quiet period does not spin (hostload.Busy)
+	quietAt  uint32 // µs on the spin clock; 0: not quiet
+
+	// flags: plFlagWaiting, plFlagPosting, plFlagDeferred.
+	flags atomic.Uint32
 }
+
+const (
+	// plFlagWaiting: a waiter armed the queue and sleeps on c.changed;
+	// the next kick wakes it to poll in the loop's place (kickWaiter).
+	plFlagWaiting = 1 << iota
+	// plFlagPosting: a writer is posting (postSend). A kick meanwhile is
+	// its own send completion finding the queue armed, most of the
+	// time: the writer polls once it let go of c.mu (plFlagDeferred),
+	// rather than have a loop start for it.
+	plFlagPosting
+	plFlagDeferred
+)
 
 type pollAux struct {
 	cancel   context.CancelFunc // ends a loop that sleeps in CQ.Wait
@@ -83,6 +99,23 @@ func (c *Conn) startPolling() {
 // kickPoll is the CQ's callback: run the loop, or make the running one
 // look again before it exits.
 func (c *Conn) kickPoll() {
+	for f := c.pl.flags.Load(); f&plFlagPosting != 0; f = c.pl.flags.Load() {
+		if c.pl.flags.CompareAndSwap(f, f|plFlagDeferred) {
+			return
+		}
+	}
+	// A waiter that armed the queue polls in the loop's place once woken:
+	// one goroutine switch instead of two (a new loop, which would then
+	// wake it), each of which may cost a sleeping thread's wake-up. Only
+	// with c.mu free: a kick may come from a goroutine that holds it, or
+	// holds the lock of a peer connection in this process.
+	if c.pl.flags.Load()&plFlagWaiting != 0 && c.mu.TryLock() {
+		woke := c.kickWaiterLocked()
+		c.mu.Unlock()
+		if woke {
+			return
+		}
+	}
 	c.pl.mu.Lock()
 	defer c.pl.mu.Unlock()
 	switch {
@@ -95,6 +128,32 @@ func (c *Conn) kickPoll() {
 		go c.poll(context.Background(), c.pl.done, true)
 	}
 }
+
+// kickWaiterLocked wakes the waiter that armed the queue, to poll in
+// the loop's place, and reports whether it did (false: no loop may
+// start on its behalf now, nobody waits, or the waiter has slept longer
+// than waiterFresh: the connection went idle, and what comes now is
+// likelier an idle connection's control message, such as a park, which
+// the loop serves on its own stack rather than a sleeping reader's).
+func (c *Conn) kickWaiterLocked() bool {
+	c.pl.mu.Lock()
+	if c.pl.stopped || c.pl.running || c.pl.suspended || c.pl.flags.And(^uint32(plFlagWaiting))&plFlagWaiting == 0 ||
+		spinClock()-c.pl.quietAt > uint32(waiterFresh/time.Microsecond) {
+		c.pl.mu.Unlock()
+		return false
+	}
+	c.suspendedLocked()
+	c.pl.mu.Unlock()
+	kickedWaiters.Add(1)
+	c.broadcastLocked()
+	return true
+}
+
+// waiterFresh: a waiter that slept longer is not woken to poll.
+const waiterFresh = 5 * time.Millisecond
+
+// kickedWaiters counts the kicks that woke a waiter (tests).
+var kickedWaiters atomic.Uint64
 
 // suspendPoll hands the running loop's role (its done channel) to the
 // connection's waiters: the queue stays unarmed, the next waiter polls,
@@ -110,6 +169,12 @@ func (c *Conn) suspendPoll(done chan struct{}) {
 	// A kick is a completion that is in the queue now: the next poller
 	// finds it.
 	c.pl.kicked = false
+	c.suspendedLocked()
+}
+
+// suspendedLocked leaves the loop's role to the next waiter, with the
+// backstop set. c.pl.mu is held.
+func (c *Conn) suspendedLocked() {
 	c.pl.suspended = true
 	d := max(c.o.pollSpin, time.Microsecond)
 	if c.pl.aux == nil {
@@ -215,9 +280,13 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 			return true
 		}
 		if armed {
+			// The caller sleeps once the role is let go: the next kick
+			// wakes it rather than start a loop (kickPoll).
+			c.pl.flags.Or(plFlagWaiting)
 			if c.pollExit(done) {
 				return false
 			}
+			c.pl.flags.And(^uint32(plFlagWaiting))
 			armed = false // kicked meanwhile: look again
 			continue
 		}
@@ -229,7 +298,7 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 		default:
 		}
 		spun, budget := time.Since(start), c.spinBudget()
-		if spun < budget && !expired(deadline) && turn.spin(spun) {
+		if spun < budget && !expired(deadline) && turn.spin(spun, c.yieldsToHost()) {
 			continue
 		}
 		turn.release()
@@ -242,6 +311,73 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 			return true
 		}
 		armed = true // a completion may have landed before arming
+	}
+}
+
+// postSend posts wr for a writer that holds c.mu, and reports whether
+// a kick came meanwhile, which the writer then owes the queue: pollNow,
+// once it let go of c.mu.
+func (c *Conn) postSend(wr transport.SendWR) (kicked bool, err error) {
+	c.pl.flags.Or(plFlagPosting)
+	_, err = c.qp.PostSend(wr)
+	f := c.pl.flags.And(^uint32(plFlagPosting | plFlagDeferred))
+	return f&plFlagDeferred != 0, err
+}
+
+// deferredKicks counts the kicks that a writer took at its post (tests).
+var deferredKicks atomic.Uint64
+
+// pollNow is a deferred kick, taken by the writer that posted: it takes
+// the loop's role, if nobody holds it, and polls until the queue is
+// empty and armed, without spinning: a kick during a post means the
+// queue was armed, so the connection had gone quiet. c.mu is not held.
+func (c *Conn) pollNow() {
+	deferredKicks.Add(1)
+	c.pl.mu.Lock()
+	switch {
+	case c.pl.stopped:
+		c.pl.mu.Unlock()
+		return
+	case c.pl.running:
+		c.pl.kicked = true
+		c.pl.mu.Unlock()
+		return
+	}
+	c.pl.suspended = false
+	c.pl.running, c.pl.done = true, make(chan struct{})
+	done := c.pl.done
+	c.pl.mu.Unlock()
+	buf := wcPool.Get().(*[32]transport.WorkCompletion)
+	defer wcPool.Put(buf)
+	wcs := buf[:]
+	for armed := false; ; {
+		if c.pl.stop.Load() {
+			c.pollExit(done)
+			return
+		}
+		n, err := c.cq.Poll(wcs)
+		if err != nil {
+			c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
+			return
+		}
+		if n > 0 {
+			c.spinQuietEnded()
+			c.handle(wcs[:n])
+			armed = false
+			continue
+		}
+		if armed {
+			if c.pollExit(done) {
+				return
+			}
+			armed = false
+			continue
+		}
+		if err := c.cq.ReqNotify(); err != nil {
+			c.loopFailed(done, fmt.Errorf("conn: arm completion queue: %w", err))
+			return
+		}
+		armed = true
 	}
 }
 
@@ -343,7 +479,7 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 				}
 			}
 			spun, budget := now.Sub(last), c.spinBudget()
-			if busy && spun < budget && turn.spin(spun) {
+			if busy && spun < budget && turn.spin(spun, c.yieldsToHost()) {
 				continue
 			}
 			turn.release()

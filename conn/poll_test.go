@@ -1,11 +1,14 @@
 package conn
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"testing"
 	"time"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/hostload"
 	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -40,11 +43,24 @@ func TestNoSpinOnceThePeerClosed(t *testing.T) {
 // completions themselves: in a ping-pong, the reader that waits for the
 // answer polls for it, with no completion loop between.
 func TestWaiterPollsInTheLoopsPlace(t *testing.T) {
+	defer hostload.Force(false)() // spinning, whatever else runs here
 	a, b := conns(t)
 	if _, ok := a.cq.(transport.NotifyCQ); !ok {
 		t.Skipf("%T runs a completion loop for the life of the connection", a.cq)
 	}
 	const rounds = 500
+	before := inlineRounds.Load()
+	pingPong(t, a, b, rounds)
+	n := inlineRounds.Load() - before
+	t.Logf("%d rounds of completions taken by waiters in %d round trips", n, rounds)
+	if n < rounds/2 {
+		t.Fatalf("waiters took %d rounds of completions in %d round trips: the loop did the work", n, rounds)
+	}
+}
+
+// pingPong sends rounds of 64 B from a to b and back, checking each.
+func pingPong(t *testing.T, a, b *Conn, rounds int) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() {
 		buf := make([]byte, 64)
@@ -60,23 +76,82 @@ func TestWaiterPollsInTheLoopsPlace(t *testing.T) {
 		}
 		done <- nil
 	}()
-	before := inlineRounds.Load()
-	buf := make([]byte, 64)
-	for range rounds {
-		if _, err := a.Write(buf); err != nil {
+	out, in := make([]byte, 64), make([]byte, 64)
+	for i := range rounds {
+		binary.LittleEndian.PutUint64(out, uint64(i))
+		if _, err := a.Write(out); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.ReadFull(a, buf); err != nil {
+		if _, err := io.ReadFull(a, in); err != nil {
 			t.Fatal(err)
+		}
+		if !bytes.Equal(in, out) {
+			t.Fatalf("round %d: got back %x, sent %x", i, in[:8], out[:8])
 		}
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	n := inlineRounds.Load() - before
-	t.Logf("%d rounds of completions taken by waiters in %d round trips", n, rounds)
-	if n < rounds/2 {
-		t.Fatalf("waiters took %d rounds of completions in %d round trips: the loop did the work", n, rounds)
+}
+
+// On a busy host nothing spins: a waiter arms the queue at once and
+// sleeps, and the peer's wake-up wakes the waiter that armed the queue,
+// which polls in the loop's place rather than have a loop start, which
+// would then wake it.
+func TestBusyHostSleeps(t *testing.T) {
+	defer hostload.Force(true)()
+	a, b := conns(t)
+	if _, ok := a.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", a.cq)
+	}
+	const rounds = 500
+	woke := kickedWaiters.Load()
+	pingPong(t, a, b, rounds)
+	w := kickedWaiters.Load() - woke
+	t.Logf("%d round trips: %d waiters woken to poll", rounds, w)
+	if w < rounds/2 {
+		t.Errorf("%d waiters woken to poll in %d round trips", w, rounds)
+	}
+	if n := spinners.Load(); n != 0 {
+		t.Errorf("%d loops spin on a busy host", n)
+	}
+}
+
+// A writer whose own send completion finds the queue armed (its
+// connection had gone quiet) polls the queue once it let go of the
+// connection, rather than have a completion loop start for it: a
+// goroutine and, on an idle processor, a thread's wake-up per write.
+func TestWriterTakesItsOwnKick(t *testing.T) {
+	a, b := conns(t)
+	if _, ok := a.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", a.cq)
+	}
+	const writes = 20
+	got := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(b, make([]byte, writes*64))
+		got <- err
+	}()
+	quiet := func() (bool, string) {
+		a.pl.mu.Lock()
+		defer a.pl.mu.Unlock()
+		return !a.pl.running && !a.pl.suspended, fmt.Sprintf("running %v, suspended %v", a.pl.running, a.pl.suspended)
+	}
+	taken := 0
+	for range writes {
+		testutil.Eventually(t, 10*time.Second, "a's queue to be armed with no loop", quiet)
+		before := deferredKicks.Load()
+		if _, err := a.Write(make([]byte, 64)); err != nil {
+			t.Fatal(err)
+		}
+		taken += int(deferredKicks.Load() - before)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	// Another kick may come first now and then (b's credits).
+	if taken < writes/2 {
+		t.Fatalf("the writer took %d of its kicks in %d writes to a quiet connection", taken, writes)
 	}
 }
 

@@ -221,7 +221,7 @@ func (c *Conn) write(b []byte) (int, error) {
 		t.msgs++
 		cring, credits := c.takeCreditsLocked()
 		wr.RemoteAddr, wr.RKey, wr.Imm = t.addr+slot*uint64(t.size), t.rkey, encodeImm(kindSmall+ring, cring, credits, k)
-		_, err := c.qp.PostSend(wr)
+		kicked, err := c.postSend(wr)
 		c.posting = false
 		if c.recordWaits {
 			c.recordWaits = false
@@ -230,6 +230,9 @@ func (c *Conn) write(b []byte) (int, error) {
 		if err != nil {
 			c.failLocked(fmt.Errorf("conn: post write: %w", err))
 			c.mu.Unlock()
+			if kicked {
+				c.pollNow()
+			}
 			return n, c.opErr("write", c.err)
 		}
 		c.st.BytesOut += uint64(k)
@@ -238,6 +241,9 @@ func (c *Conn) write(b []byte) (int, error) {
 			c.armParkLocked()
 		}
 		c.mu.Unlock()
+		if kicked {
+			c.pollNow()
+		}
 		n += k
 		b = b[k:]
 	}

@@ -63,6 +63,7 @@ func (c *Conn) awaitReadable() {
 		}
 		c.mu.Unlock()
 		<-ch
+		c.pl.flags.And(^uint32(plFlagWaiting))
 		c.mu.Lock()
 	}
 	c.mu.Unlock()

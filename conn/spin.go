@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/hostload"
 )
 
 // The spin budget: how long a poller spins after the queue went quiet
@@ -47,9 +49,19 @@ const maxLearned = (1<<16 - 1) * time.Microsecond
 // ceiling of 0 (it never spins) or beyond maxLearned.
 func (c *Conn) learns() bool { return c.o.pollSpin > 0 && c.o.pollSpin <= maxLearned }
 
-// spinBudget is how long to spin now. Called by whoever holds the
-// polling role, as are the other methods here: the budget is theirs.
+// spinBudget is how long to spin now: 0 in a quiet period that opened
+// while the host was busy (hostBusy). Called by whoever holds the polling
+// role, as are the other methods here: the budget is theirs.
 func (c *Conn) spinBudget() time.Duration {
+	if c.pl.sleeping {
+		return 0
+	}
+	return c.learnedBudget()
+}
+
+// learnedBudget is how long a spin may last, whether or not the open
+// quiet period spins.
+func (c *Conn) learnedBudget() time.Duration {
 	ceil := c.o.pollSpin
 	if !c.learns() {
 		return ceil
@@ -70,19 +82,28 @@ func (c *Conn) setSpin(b time.Duration) {
 	spinHint.Store(uint32(c.pl.spinUS))
 }
 
-// spinQuiet marks the start of a quiet period, unless one is open.
+// yieldsToHost says whether this connection stops spinning while the
+// host is busy (hostload): unless its spin is not learned (none, or one
+// asked for beyond maxLearned) or WithSpinOnBusyHost asked to spin
+// regardless.
+func (c *Conn) yieldsToHost() bool { return c.learns() && !c.o.spinOnBusy }
+
+// spinQuiet marks the start of a quiet period, unless one is open, and
+// says whether it spins.
 func (c *Conn) spinQuiet() {
 	if c.pl.quietAt == 0 {
-		c.pl.quietAt = spinClock()
+		now := spinClock()
+		c.pl.quietAt = now
+		c.pl.sleeping = c.yieldsToHost() && hostload.Busy()
 	}
 }
 
 // spinTimedOut is a spin that ran out of budget.
 func (c *Conn) spinTimedOut() {
-	if !c.learns() {
+	if !c.learns() || c.pl.sleeping {
 		return // nothing to learn, nor to tell the other connections
 	}
-	c.setSpin(c.spinBudget() * 3 / 4)
+	c.setSpin(c.learnedBudget() * 3 / 4)
 }
 
 // spinQuietEnded is a completion (or the event a waiter waited for): it
@@ -95,7 +116,8 @@ func (c *Conn) spinQuietEndedAt(now uint32) {
 	}
 	g := time.Duration(now-c.pl.quietAt) * time.Microsecond
 	c.pl.quietAt = 0
-	b := c.spinBudget()
+	c.pl.sleeping = false
+	b := c.learnedBudget()
 	switch {
 	case g <= b:
 		if g > b/2 {
@@ -140,16 +162,21 @@ func maxSpinners() int32 { return int32(2 * runtime.GOMAXPROCS(0)) }
 type spinTurn struct{ held bool }
 
 // spin yields once, as one of the spinners, and reports whether it could
-// (false: maxSpinners spin already, so arm and sleep instead). spun is
-// how long this spin has run: past spinYieldAfter it also yields the
-// processor to the other processes (spin.go).
-func (s *spinTurn) spin(spun time.Duration) bool {
+// (false: maxSpinners spin already, or yieldsToHost and the host became
+// busy, so arm and sleep instead). spun is how long this spin has run:
+// past spinYieldAfter it also yields the processor to the other
+// processes.
+func (s *spinTurn) spin(spun time.Duration, yieldsToHost bool) bool {
 	if !s.held {
 		if spinners.Add(1) > maxSpinners() {
 			spinners.Add(-1)
 			return false
 		}
 		s.held = true
+	}
+	if yieldsToHost && hostload.Busy() {
+		s.release()
+		return false
 	}
 	runtime.Gosched()
 	if spun >= spinYieldAfter {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rdmagrpc/rdmagrpc/internal/hostload"
 	"net"
 	"net/netip"
 	"runtime"
@@ -109,6 +110,11 @@ func (d *device) child(peer peerID) (*device, error) {
 		d.children = map[peerID]*device{}
 	}
 	d.children[peer] = c
+	if peer.pid != ownPID {
+		// Its CPU time is this side's work, not a neighbour's: a peer
+		// that works hard must not stop this process spinning for it.
+		hostload.AddPeer(peer.pid)
+	}
 	return c, nil
 }
 
@@ -131,6 +137,9 @@ func (d *device) idle() bool {
 
 // drop releases an idle child's MR table and arenas.
 func (d *device) drop() error {
+	if d.peer.pid != ownPID {
+		hostload.DropPeer(d.peer.pid)
+	}
 	d.releaseArenas()
 	allocs.Lock()
 	err := errors.Join(d.data.drop(), d.ctl.drop())

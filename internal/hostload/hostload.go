@@ -1,0 +1,281 @@
+// Package hostload tells whether the host's processors are taken by
+// processes other than this one and its peers on the host, which is when
+// a thread that spins waiting for a peer costs more than it saves.
+//
+// Spinning pays while a processor is free: it saves a wake-up, and the
+// peer it waits for runs on another processor. On a host whose processors
+// are taken (a CPU-bound neighbour, a build, another service's burst) a
+// spinning thread is a CPU-bound task to the scheduler: it takes turns
+// with the neighbour and with the very peer it waits for, and the answer
+// comes later than a sleeping thread would have seen it, since a thread
+// woken from sleep preempts a CPU-bound one.
+//
+// The signals Linux offers host-wide (CPU pressure, the run queue, load
+// averages) count this process's spinning threads and its peer's, which
+// take a processor each on an idle host too, as load. So the count here
+// is of what strangers use: the host's busy time (/proc/stat) less this
+// process's CPU time (getrusage) less that of the local peer processes
+// its connections registered (AddPeer; /proc/PID/stat), over a window of
+// Window. The host is busy while the strangers leave fewer than 1.5
+// processors free: one for a spinning thread, and half of one for the
+// rest of this process and its peer.
+//
+// A peer whose pid this process cannot see (another PID namespace) is
+// counted as a stranger: while it works hard, its peers here stop
+// spinning, which costs them wake-ups, not correctness. Where /proc
+// cannot be read the host counts as idle.
+package hostload
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Window is how often the host is sampled, by whichever caller of Busy
+// finds the last sample that old: its readings cost some tens of µs.
+const Window = 100 * time.Millisecond
+
+// freeWanted is the processors, ×4, that must be left free by strangers
+// for spinning to pay.
+const freeWanted = 6
+
+// clkTck is USER_HZ, the unit of /proc's CPU times: 100 on every Linux
+// architecture Go supports.
+const clkTck = 100
+
+var state shared
+
+type shared struct {
+	forced atomic.Int32 // Force: 0 none, 1 idle, 2 busy
+	busy   atomic.Bool
+	at     atomic.Int64 // UnixNano of the last sample
+
+	mu    sync.Mutex // held by the one sampling, and by AddPeer/DropPeer
+	s     Sampler
+	peers map[int]*peerClock
+}
+
+type peerClock struct {
+	refs  int
+	ticks uint64 // at the last sample, or at AddPeer
+	ok    bool
+}
+
+// Busy reports whether strangers left too few processors free in the
+// last Window. It is cheap: an atomic load, and a sample when the last
+// one is older than Window (one caller samples, the others go on).
+func Busy() bool {
+	if f := state.forced.Load(); f != 0 {
+		return f == 2
+	}
+	now := time.Now().UnixNano()
+	if at := state.at.Load(); now-at >= int64(Window) && state.mu.TryLock() {
+		if state.at.Load() == at {
+			state.at.Store(now)
+			state.busy.Store(state.sample(now))
+		}
+		state.mu.Unlock()
+	}
+	return state.busy.Load()
+}
+
+// AddPeer counts pid's CPU time as this process's own: it is the other
+// end of a connection on this host. Each AddPeer is matched by a DropPeer.
+func AddPeer(pid int) {
+	if pid <= 0 {
+		return
+	}
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	if state.peers == nil {
+		state.peers = map[int]*peerClock{}
+	}
+	p := state.peers[pid]
+	if p == nil {
+		p = &peerClock{}
+		p.ticks, p.ok = state.s.procTicks(pid)
+		state.peers[pid] = p
+	}
+	p.refs++
+}
+
+// DropPeer undoes an AddPeer.
+func DropPeer(pid int) {
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	if p := state.peers[pid]; p != nil {
+		if p.refs--; p.refs <= 0 {
+			delete(state.peers, pid)
+		}
+	}
+}
+
+// sample takes a reading and reports whether the window since the last
+// one was busy. state.mu is held.
+func (st *shared) sample(now int64) bool {
+	s := &st.s
+	host, cpus, ok := s.hostTicks()
+	if !ok {
+		return false
+	}
+	self := s.selfUS()
+	var peers uint64
+	for pid, p := range st.peers {
+		t, ok := s.procTicks(pid)
+		if ok && p.ok && t >= p.ticks {
+			peers += t - p.ticks
+		}
+		p.ticks, p.ok = t, ok
+	}
+	busy := false
+	if s.have && now > s.at && host >= s.host {
+		window := float64(now-s.at) / 1e9 * clkTck // ticks of one processor
+		ours := float64(self-s.self)/1e6*clkTck + float64(peers)
+		strangers := float64(host-s.host) - ours
+		free := float64(cpus) - strangers/window
+		busy = free*4 < freeWanted
+	}
+	s.have, s.at, s.host, s.self = true, now, host, self
+	return busy
+}
+
+// Sampler reads the host's, this process's and the peers' CPU time; its
+// zero value reads /proc and getrusage.
+type Sampler struct {
+	procFS string       // "": /proc
+	selfFn func() int64 // nil: this process's CPU time, µs (getrusage)
+	hostFD int          // procFS/stat, open once; -1: unreadable
+	opened bool
+	buf    []byte
+
+	// The last reading.
+	have bool
+	at   int64  // UnixNano
+	host uint64 // busy ticks, every processor
+	self int64  // µs
+}
+
+func (s *Sampler) root() string {
+	if s.procFS == "" {
+		return "/proc"
+	}
+	return s.procFS
+}
+
+// hostTicks reads the busy ticks of every processor, and their count.
+func (s *Sampler) hostTicks() (uint64, int, bool) {
+	if !s.opened {
+		s.opened = true
+		fd, err := syscall.Open(s.root()+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			fd = -1
+		}
+		s.hostFD = fd
+	}
+	if s.hostFD < 0 {
+		return 0, 0, false
+	}
+	if s.buf == nil {
+		s.buf = make([]byte, 4096)
+	}
+	n, err := syscall.Pread(s.hostFD, s.buf, 0)
+	if err != nil || n <= 0 {
+		return 0, 0, false
+	}
+	return parseStat(s.buf[:n])
+}
+
+// parseStat reads /proc/stat's first line ("cpu  user nice system idle
+// iowait irq softirq steal ...") into busy ticks (all but idle and
+// iowait; steal counts, as time this host's processors were not ours),
+// and counts the "cpuN" lines that follow (in the part of the file
+// given).
+func parseStat(b []byte) (busy uint64, cpus int, ok bool) {
+	line, rest, _ := bytes.Cut(b, []byte{'\n'})
+	f := bytes.Fields(line)
+	if len(f) < 5 || string(f[0]) != "cpu" {
+		return 0, 0, false
+	}
+	for i, v := range f[1:] {
+		if i >= 8 { // guest and guest_nice are inside user and nice already
+			break
+		}
+		n, err := strconv.ParseUint(string(v), 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		if i != 3 && i != 4 {
+			busy += n
+		}
+	}
+	for len(rest) > 0 {
+		var l []byte
+		l, rest, _ = bytes.Cut(rest, []byte{'\n'})
+		if !bytes.HasPrefix(l, []byte("cpu")) {
+			break
+		}
+		cpus++
+	}
+	return busy, cpus, cpus > 0
+}
+
+// procTicks reads pid's user and system time, in ticks.
+func (s *Sampler) procTicks(pid int) (uint64, bool) {
+	b, err := os.ReadFile(s.root() + "/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	return parseProcStat(b)
+}
+
+// parseProcStat reads utime and stime (fields 14 and 15) out of
+// /proc/PID/stat, whose second field (the command, in parentheses) may
+// hold spaces and parentheses of its own.
+func parseProcStat(b []byte) (uint64, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state): utime is field 14.
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err1 := strconv.ParseUint(string(f[11]), 10, 64)
+	s, err2 := strconv.ParseUint(string(f[12]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return u + s, true
+}
+
+func (s *Sampler) selfUS() int64 {
+	if s.selfFn != nil {
+		return s.selfFn()
+	}
+	return rusageUS()
+}
+
+func rusageUS() int64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return ru.Utime.Nano()/1e3 + ru.Stime.Nano()/1e3
+}
+
+// Force makes Busy report busy, or not, whatever the host does, until
+// restore is called: for tests of what callers do on a busy host.
+func Force(busy bool) (restore func()) {
+	v := int32(1)
+	if busy {
+		v = 2
+	}
+	prev := state.forced.Swap(v)
+	return func() { state.forced.Store(prev) }
+}
