@@ -611,7 +611,9 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 			c.tx[wc.ID>>idRing&1].done++
 		}
 	}
-	return !c.closed && c.err == nil, waiter || len(c.recvQ) > 0
+	// A peer that closed sends nothing more: what completes now is this
+	// side's own teardown, not worth a spin.
+	return !c.closed && c.err == nil && !c.rdv.peerClosed, waiter || len(c.recvQ) > 0
 }
 
 // receivedLocked accounts one incoming message; everything in its

@@ -71,6 +71,16 @@ func (q *qp) onEvent(ev cmEvent) {
 		}
 		q.mu.RUnlock()
 		q.discOnce.Do(func() { close(q.disc) })
+		// The flushes land in a CQ that may not be armed: its owner
+		// left the polling to a goroutine that is not coming back (a
+		// reader that stopped reading), and would see them only at its
+		// backstop. A NIC raises no completion event for them then;
+		// the disconnect is the event.
+		for _, c := range []*cq{q.rcq, q.scq} {
+			if c != nil {
+				c.signal()
+			}
+		}
 	}
 	select {
 	case q.setupEvents <- ev:
