@@ -171,8 +171,12 @@ func TestEarlyDialsBounded(t *testing.T) {
 		ReleaseKits()
 	}()
 	for i := range maxEarly {
+		// An early dial waits for its answer for WithUpgradeTimeout and
+		// then leaves the gate: the wait must outlast the whole loop,
+		// which takes seconds under -race in the rxe guest (with the 2 s
+		// default the first dials left, and dial 257 got in).
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		c, err := Dial(ctx, addr, WithProvider("shm"))
+		c, err := Dial(ctx, addr, WithProvider("shm"), WithUpgradeTimeout(2*time.Minute))
 		cancel()
 		if err != nil {
 			t.Fatalf("dial %d of the first %d: %v", i+1, maxEarly, err)
