@@ -176,6 +176,9 @@ func TestConnEnlargementMarker(t *testing.T) {
 				}
 				if ev.Kind == KindConnection && ev.Outcome == OutcomeOpenedRDMA {
 					opened++
+					if ev.FromSize != OpenedShm || ev.ToSize < WhyPinned || ev.ToSize > WhyDefault {
+						t.Errorf("opened event %+v: want shm (%d) and a reason code (%d-%d)", ev, OpenedShm, WhyPinned, WhyDefault)
+					}
 				}
 				if ev.Kind != KindEnlargement {
 					continue

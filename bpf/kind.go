@@ -43,6 +43,13 @@ const (
 	// providerCodes); 0: not said.
 	OpenedShm   = 1
 	OpenedVerbs = 2
+
+	// Why the connection of an OutcomeOpenedRDMA event has its provider,
+	// in its ToSize (conn's reasonPinned...); 0: not said.
+	WhyPinned    = 1 // WithProvider or RDMAGRPC_PROVIDER
+	WhySameHost  = 2 // the peer is on this host (same kernel): shared memory
+	WhyOtherHost = 3 // the peer is on another host
+	WhyDefault   = 4 // the process's provider: an RDMA device found, or none
 )
 
 func (k Kind) String() string {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -331,7 +332,7 @@ func (c *Conn) lookUpPathLocked() {
 func (c *Conn) run() {
 	c.tel.Connected(c.qp.LocalAddr(), c.qp.RemoteAddr(), c.telemetrySnapshot)
 	c.tel.Fabric(c.st.Device, c.st.Path)
-	enlargementMarker(c.id, providerCodes[c.st.Provider], 0, 0, outcomeOpenedRDMA)
+	enlargementMarker(c.id, providerCodes[c.st.Provider], reasonCode(c.st.ProviderReason, c.o), 0, outcomeOpenedRDMA)
 	c.startPolling()
 }
 
@@ -340,6 +341,35 @@ func (c *Conn) run() {
 // other. Not the "provider code" of doc/protocol.md (§2.3), which is
 // providerCode's FNV-1a hash in the negotiation's SETTINGS.
 var providerCodes = map[string]uint32{"shm": 1, "verbs": 2}
+
+// The phrases of a ProviderReason that say where the peer is, as the
+// per-connection choice (offer.go) words them.
+const (
+	whySameKernel = "(same kernel)"
+	whyOtherHost  = "another host"
+)
+
+// The reason codes of an opened marker's toSize, for rdmatrace (bpf's
+// WhyPinned...): why the connection has its provider.
+const (
+	reasonPinned    = 1 // WithProvider or RDMAGRPC_PROVIDER
+	reasonSameHost  = 2 // the peer is on this host: shared memory
+	reasonOtherHost = 3 // the peer is on another host
+	reasonDefault   = 4 // the process's provider (an RDMA device found, or none)
+)
+
+// reasonCode sums a connection's ProviderReason up as a reason code.
+func reasonCode(why string, o *options) uint32 {
+	switch {
+	case o.pinned:
+		return reasonPinned
+	case strings.Contains(why, whySameKernel):
+		return reasonSameHost
+	case strings.Contains(why, whyOtherHost):
+		return reasonOtherHost
+	}
+	return reasonDefault
+}
 
 // establish finishes a dial that returned once its request was sent
 // (dialRDMA): the listener's answer, then what start does. Until then the

@@ -184,7 +184,7 @@ func offersFrom(kind byte, payload string, o *options, name string) ([]offer, st
 		case c == own:
 			why := ""
 			if host != me {
-				why = o.providerWhy + "; the server is on another host"
+				why = o.providerWhy + "; the server is on " + whyOtherHost
 			}
 			offers = append(offers, offer{provider: name, addr: addrs[i], why: why})
 		case slices.ContainsFunc(alsoFor(o, name), func(a string) bool { return providerCode(transport.Family(a)) == c }):
@@ -193,7 +193,7 @@ func offersFrom(kind byte, payload string, o *options, name string) ([]offer, st
 				skipped = append(skipped, fmt.Sprintf("%s at %s: the server runs on another kernel", a, addrs[i]))
 				continue
 			}
-			offers = append(offers, offer{provider: a, addr: addrs[i], why: "the server is on this host (same kernel): shared memory"})
+			offers = append(offers, offer{provider: a, addr: addrs[i], why: "the server is on this host " + whySameKernel + ": shared memory"})
 		default:
 			skipped = append(skipped, fmt.Sprintf("provider %#08x at %s: not one this client dials", c, addrs[i]))
 		}
@@ -243,7 +243,7 @@ func (l *Listener) replyTo(h clientHello, local *net.TCPAddr) (byte, string) {
 	if len(codes) == 0 {
 		why := fmt.Sprintf("the server's RDMA provider is %s, not the client's", l.name)
 		if l.local != nil {
-			why = fmt.Sprintf("the server serves %s, and shm to the processes of its own host; the client is on another host or dials neither", l.name)
+			why = fmt.Sprintf("the server serves %s, and shm to the processes of its own host; the client is on %s or dials neither", l.name, whyOtherHost)
 		}
 		return verdictTCP, why
 	}
@@ -308,5 +308,5 @@ func (l *Listener) listenLocal(host, port string) {
 		l.o.log().Info("rdmagrpc: no shared-memory side: clients on this host use "+l.name+" too", "listener", l.Addr().String(), "err", err)
 		return
 	}
-	l.local = &side{l: tl, dev: dev, name: "shm", why: "the client is on this host (same kernel): shared memory"}
+	l.local = &side{l: tl, dev: dev, name: "shm", why: "the client is on this host " + whySameKernel + ": shared memory"}
 }

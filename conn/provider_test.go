@@ -90,3 +90,24 @@ func TestShmConnectionOnPeerDevice(t *testing.T) {
 		}
 	}
 }
+
+// The opened marker sums the reason up for rdmatrace, from the phrases
+// the per-connection choice words it with.
+func TestReasonCode(t *testing.T) {
+	pinned, free := &options{pinned: true}, &options{}
+	for _, c := range []struct {
+		why  string
+		o    *options
+		want uint32
+	}{
+		{"option", pinned, reasonPinned},
+		{"the server is on this host " + whySameKernel + ": shared memory", free, reasonSameHost},
+		{"the client is on this host " + whySameKernel + ": shared memory", free, reasonSameHost},
+		{"RDMA device found; the server is on " + whyOtherHost, free, reasonOtherHost},
+		{"RDMA device found", free, reasonDefault},
+	} {
+		if got := reasonCode(c.why, c.o); got != c.want {
+			t.Errorf("reasonCode(%q) = %d, want %d", c.why, got, c.want)
+		}
+	}
+}

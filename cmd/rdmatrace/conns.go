@@ -33,7 +33,8 @@ lists the shm connections open now from the machine's unix sockets: the
 process, its role (server: the accepting end; client), the listener's
 address and the peer process. With --trace (root), also watches the probes
 for that long and lists the connections that opened meanwhile with their
-id, provider (shm, verbs, tcp) and phase. What neither source can see is
+id, provider (shm, verbs, tcp), phase and why each has its provider (the
+peer on this host, on another host, pinned, or the process's provider). What neither source can see is
 printed as "?" and explained under the table.
 
 Flags:
@@ -49,6 +50,7 @@ type connRow struct {
 	Phase    string
 	Listener string // the listener's host:port (the server end's own)
 	PeerPID  string // "?" when not seen
+	Why      string // why it has its provider, under the table; "": not seen
 }
 
 // connsHeader lays a row out in 79 columns; a listener address longer
@@ -139,7 +141,7 @@ func connRows(ends []shmEnd, st *stats, pid int, commOf func(int) string) []conn
 			slices.Sort(ids)
 			for _, id := range ids {
 				rows = append(rows, connRow{PID: int(p.PID), Comm: p.Comm, ID: strings.TrimPrefix(conn.ConnName(id), "conn "),
-					Provider: p.open[id], Role: "?", Phase: p.phaseOf(id), Listener: "?", PeerPID: "?"})
+					Provider: p.open[id], Role: "?", Phase: p.phaseOf(id), Listener: "?", PeerPID: "?", Why: p.why[id]})
 			}
 		}
 	}
@@ -166,6 +168,18 @@ func printConns(out io.Writer, rows []connRow, trace time.Duration) {
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(out, "  (none found)")
+	}
+	var whys []string
+	for _, r := range rows {
+		if r.Why != "" && r.ID != "?" {
+			whys = append(whys, fmt.Sprintf("  %d conn %s, %s: %s", r.PID, r.ID, r.Provider, r.Why))
+		}
+	}
+	if len(whys) > 0 {
+		fmt.Fprintln(out, "\nWhy each traced connection has its provider:")
+		for _, w := range whys {
+			fmt.Fprintln(out, w)
+		}
 	}
 	fmt.Fprintln(out, "\nWhat this cannot see:")
 	notes := []string{

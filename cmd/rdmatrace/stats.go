@@ -48,6 +48,9 @@ type proc struct {
 	// Open connections, from the connection markers (opened since
 	// rdmatrace started, not yet closed): conn id → provider.
 	open map[uint64]string
+	// why: conn id → why it has its provider, where its open marker said
+	// (whyText).
+	why map[uint64]string
 	// lastReg is the provider of the process's latest registration
 	// (provShm: transport/shm's regMR; provVerbs: libibverbs). A
 	// connection's buffers are registered just before its open marker,
@@ -241,10 +244,17 @@ func (s *stats) add(ev bpf.Event) {
 			default: // a binary whose marker does not say
 				p.open[ev.ConnID] = cmp.Or(p.lastReg, provRDMA)
 			}
+			if w := whyText(ev.ToSize); w != "" {
+				if p.why == nil {
+					p.why = map[uint64]string{}
+				}
+				p.why[ev.ConnID] = w
+			}
 		case bpf.OutcomeOpenedTCP:
 			p.open[ev.ConnID] = provTCP
 		case bpf.OutcomeClosed:
 			delete(p.open, ev.ConnID)
+			delete(p.why, ev.ConnID)
 		}
 	case bpf.KindShrink:
 		p.Shrinks++
@@ -462,4 +472,19 @@ func humanDuration(d time.Duration) string {
 		return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// whyText words an opened marker's reason code; "": not said.
+func whyText(code uint32) string {
+	switch code {
+	case bpf.WhyPinned:
+		return "pinned (WithProvider or RDMAGRPC_PROVIDER)"
+	case bpf.WhySameHost:
+		return "the peer is on this host (same kernel): shared memory"
+	case bpf.WhyOtherHost:
+		return "the peer is on another host"
+	case bpf.WhyDefault:
+		return "the process's provider (an RDMA device found, or none)"
+	}
+	return ""
 }

@@ -151,6 +151,35 @@ func TestProvidersFromMarkers(t *testing.T) {
 	}
 }
 
+// conns lists why each traced connection has its provider, as its open
+// marker said; a closed connection's reason goes with it.
+func TestConnsSayWhy(t *testing.T) {
+	s := newStats(time.Now())
+	open := func(id uint64, prov, why uint32) {
+		s.add(bpf.Event{Kind: bpf.KindConnection, PID: 7, Comm: "svc", ConnID: id, Outcome: bpf.OutcomeOpenedRDMA, FromSize: prov, ToSize: why})
+	}
+	open(1, bpf.OpenedShm, bpf.WhySameHost)
+	open(2, bpf.OpenedVerbs, bpf.WhyOtherHost)
+	open(3, bpf.OpenedVerbs, 0) // a binary whose marker does not say
+	open(4, bpf.OpenedShm, bpf.WhyPinned)
+	s.add(bpf.Event{Kind: bpf.KindConnection, PID: 7, ConnID: 4, Outcome: bpf.OutcomeClosed})
+	var out strings.Builder
+	printConns(&out, connRows(nil, s, 0, nil), 5*time.Second)
+	got := out.String()
+	for _, want := range []string{
+		"Why each traced connection has its provider:",
+		"7 conn 1, shm: the peer is on this host (same kernel): shared memory",
+		"7 conn 2, verbs: the peer is on another host",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("conns output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "conn 3,") || strings.Contains(got, "pinned") {
+		t.Errorf("conns gave a reason no marker said, or one of a closed connection:\n%s", got)
+	}
+}
+
 // Not a terminal: plain lines, one per event and per summary, the same
 // first five fields on each, no escape codes.
 func TestPlainOutput(t *testing.T) {
