@@ -263,13 +263,8 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 	defer turn.release()
 	timedOut := false
 	for armed := false; ; {
-		if c.pl.stop.Load() {
-			c.pollExit(done)
-			return true
-		}
-		n, err := c.cq.Poll(wcs)
-		if err != nil {
-			c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
+		n, ok := c.pollRound(wcs, done)
+		if !ok {
 			return true
 		}
 		if n > 0 {
@@ -351,13 +346,8 @@ func (c *Conn) pollNow() {
 	defer wcPool.Put(buf)
 	wcs := buf[:]
 	for armed := false; ; {
-		if c.pl.stop.Load() {
-			c.pollExit(done)
-			return
-		}
-		n, err := c.cq.Poll(wcs)
-		if err != nil {
-			c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
+		n, ok := c.pollRound(wcs, done)
+		if !ok {
 			return
 		}
 		if n > 0 {
@@ -379,6 +369,22 @@ func (c *Conn) pollNow() {
 		}
 		armed = true
 	}
+}
+
+// pollRound polls once, for the holder of the loop's role (done): how
+// many completions it found, or false once the loop ended (Close, or the
+// queue failed).
+func (c *Conn) pollRound(wcs []transport.WorkCompletion, done chan struct{}) (int, bool) {
+	if c.pl.stop.Load() {
+		c.pollExit(done)
+		return 0, false
+	}
+	n, err := c.cq.Poll(wcs)
+	if err != nil {
+		c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
+		return 0, false
+	}
+	return n, true
 }
 
 // pollExit ends the loop unless an event came since it last looked.
@@ -446,13 +452,8 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 	var turn spinTurn
 	defer turn.release()
 	for {
-		if c.pl.stop.Load() {
-			c.pollExit(done)
-			return
-		}
-		n, err := c.cq.Poll(wcs)
-		if err != nil {
-			c.loopFailed(done, fmt.Errorf("conn: completion queue: %w", err))
+		n, ok := c.pollRound(wcs, done)
+		if !ok {
 			return
 		}
 		if n > 0 {
