@@ -131,14 +131,16 @@ func (c *Conn) kickPoll() {
 
 // kickWaiterLocked wakes the waiter that armed the queue, to poll in
 // the loop's place, and reports whether it did (false: no loop may
-// start on its behalf now, nobody waits, or the waiter has slept longer
-// than waiterFresh: the connection went idle, and what comes now is
-// likelier an idle connection's control message, such as a park, which
-// the loop serves on its own stack rather than a sleeping reader's).
+// start on its behalf now, nobody waits, or the waiter has slept, or
+// the connection has not written, for longer than waiterFresh: it went
+// idle, and what comes now is likelier an idle connection's control
+// message, such as a park, which the loop serves on its own stack rather
+// than a sleeping reader's).
 func (c *Conn) kickWaiterLocked() bool {
 	c.pl.mu.Lock()
 	if c.pl.stopped || c.pl.running || c.pl.suspended || c.pl.flags.And(^uint32(plFlagWaiting))&plFlagWaiting == 0 ||
-		spinClock()-c.pl.quietAt > uint32(waiterFresh/time.Microsecond) {
+		spinClock()-c.pl.quietAt > uint32(waiterFresh/time.Microsecond) ||
+		time.Now().UnixNano()-c.lastWrite.Load() > int64(waiterFresh) {
 		c.pl.mu.Unlock()
 		return false
 	}
