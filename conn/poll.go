@@ -123,9 +123,7 @@ func (c *Conn) kickPoll() {
 	case c.pl.running:
 		c.pl.kicked = true
 	default:
-		c.pl.suspended = false
-		c.pl.running, c.pl.done = true, make(chan struct{})
-		go c.poll(context.Background(), c.pl.done, true)
+		go c.poll(context.Background(), c.takeRoleLocked(), true)
 	}
 }
 
@@ -156,6 +154,15 @@ const waiterFresh = 5 * time.Millisecond
 
 // kickedWaiters counts the kicks that woke a waiter (tests).
 var kickedWaiters atomic.Uint64
+
+// takeRoleLocked makes the caller the loop, suspended or not before,
+// and returns the channel it closes when it lets the role go. c.pl.mu is
+// held, and no loop runs.
+func (c *Conn) takeRoleLocked() chan struct{} {
+	c.pl.suspended = false
+	c.pl.running, c.pl.done = true, make(chan struct{})
+	return c.pl.done
+}
 
 // suspendPoll hands the running loop's role (its done channel) to the
 // connection's waiters: the queue stays unarmed, the next waiter polls,
@@ -223,9 +230,7 @@ func (c *Conn) resumePoll(a *pollAux) {
 		a.pending = true
 		return
 	}
-	c.pl.suspended = false
-	c.pl.running, c.pl.done = true, make(chan struct{})
-	go c.poll(context.Background(), c.pl.done, true)
+	go c.poll(context.Background(), c.takeRoleLocked(), true)
 }
 
 // pollInstead is for a goroutine about to wait for ch with c.mu held: if
@@ -240,9 +245,7 @@ func (c *Conn) pollInstead(ch chan struct{}, deadline time.Time) bool {
 		c.pl.mu.Unlock()
 		return false
 	}
-	c.pl.suspended = false
-	c.pl.running, c.pl.done = true, make(chan struct{})
-	done := c.pl.done
+	done := c.takeRoleLocked()
 	c.pl.mu.Unlock()
 	c.mu.Unlock()
 	again := c.pollFor(ch, deadline, done)
@@ -340,9 +343,7 @@ func (c *Conn) pollNow() {
 		c.pl.mu.Unlock()
 		return
 	}
-	c.pl.suspended = false
-	c.pl.running, c.pl.done = true, make(chan struct{})
-	done := c.pl.done
+	done := c.takeRoleLocked()
 	c.pl.mu.Unlock()
 	buf := wcPool.Get().(*[32]transport.WorkCompletion)
 	defer wcPool.Put(buf)

@@ -50,7 +50,7 @@ const maxLearned = (1<<16 - 1) * time.Microsecond
 func (c *Conn) learns() bool { return c.o.pollSpin > 0 && c.o.pollSpin <= maxLearned }
 
 // spinBudget is how long to spin now: 0 in a quiet period that opened
-// while the host was busy (hostBusy). Called by whoever holds the polling
+// while the host was busy (hostload.Busy). Called by whoever holds the polling
 // role, as are the other methods here: the budget is theirs.
 func (c *Conn) spinBudget() time.Duration {
 	if c.pl.sleeping {
@@ -92,8 +92,7 @@ func (c *Conn) yieldsToHost() bool { return c.learns() && !c.o.spinOnBusy }
 // says whether it spins.
 func (c *Conn) spinQuiet() {
 	if c.pl.quietAt == 0 {
-		now := spinClock()
-		c.pl.quietAt = now
+		c.pl.quietAt = spinClock()
 		c.pl.sleeping = c.yieldsToHost() && hostload.Busy()
 	}
 }
