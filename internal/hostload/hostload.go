@@ -56,7 +56,7 @@ type shared struct {
 	at     atomic.Int64 // UnixNano of the last sample
 
 	mu    sync.Mutex // held by the one sampling, and by AddPeer/DropPeer
-	s     Sampler
+	s     sampler
 	peers map[int]*peerClock
 }
 
@@ -144,9 +144,9 @@ func (st *shared) sample(now int64) bool {
 	return busy
 }
 
-// Sampler reads the host's, this process's and the peers' CPU time; its
+// sampler reads the host's, this process's and the peers' CPU time; its
 // zero value reads /proc and getrusage.
-type Sampler struct {
+type sampler struct {
 	procFS string       // "": /proc
 	selfFn func() int64 // nil: this process's CPU time, µs (getrusage)
 	hostFD int          // procFS/stat, open once; -1: unreadable
@@ -160,7 +160,7 @@ type Sampler struct {
 	self int64  // µs
 }
 
-func (s *Sampler) root() string {
+func (s *sampler) root() string {
 	if s.procFS == "" {
 		return "/proc"
 	}
@@ -168,7 +168,7 @@ func (s *Sampler) root() string {
 }
 
 // hostTicks reads the busy ticks of every processor, and their count.
-func (s *Sampler) hostTicks() (uint64, int, bool) {
+func (s *sampler) hostTicks() (uint64, int, bool) {
 	if !s.opened {
 		s.opened = true
 		fd, err := syscall.Open(s.root()+"/stat", syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
@@ -183,11 +183,18 @@ func (s *Sampler) hostTicks() (uint64, int, bool) {
 	if s.buf == nil {
 		s.buf = make([]byte, 4096)
 	}
-	n, err := syscall.Pread(s.hostFD, s.buf, 0)
-	if err != nil || n <= 0 {
-		return 0, 0, false
+	for {
+		n, err := syscall.Pread(s.hostFD, s.buf, 0)
+		if err != nil || n <= 0 {
+			return 0, 0, false
+		}
+		// The cpuN lines, one per processor, must all be in: on a host
+		// of more than some sixty processors they pass 4 KiB.
+		if n < len(s.buf) || len(s.buf) >= 1<<20 {
+			return parseStat(s.buf[:n])
+		}
+		s.buf = make([]byte, 2*len(s.buf))
 	}
-	return parseStat(s.buf[:n])
 }
 
 // parseStat reads /proc/stat's first line ("cpu  user nice system idle
@@ -225,7 +232,7 @@ func parseStat(b []byte) (busy uint64, cpus int, ok bool) {
 }
 
 // procTicks reads pid's user and system time, in ticks.
-func (s *Sampler) procTicks(pid int) (uint64, bool) {
+func (s *sampler) procTicks(pid int) (uint64, bool) {
 	b, err := os.ReadFile(s.root() + "/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, false
@@ -254,7 +261,7 @@ func parseProcStat(b []byte) (uint64, bool) {
 	return u + s, true
 }
 
-func (s *Sampler) selfUS() int64 {
+func (s *sampler) selfUS() int64 {
 	if s.selfFn != nil {
 		return s.selfFn()
 	}

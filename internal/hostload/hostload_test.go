@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,7 +69,7 @@ func (f *fakeHost) write() {
 func TestBusyCountsStrangersOnly(t *testing.T) {
 	f := newFakeHost(t)
 	var st shared
-	st.s = Sampler{procFS: f.dir, selfFn: func() int64 { return f.self }}
+	st.s = sampler{procFS: f.dir, selfFn: func() int64 { return f.self }}
 	st.peers = map[int]*peerClock{}
 	now := time.Now().UnixNano()
 	if st.sample(now) {
@@ -109,9 +110,28 @@ func TestBusyCountsStrangersOnly(t *testing.T) {
 	}
 }
 
+// A host of many processors: /proc/stat's cpuN lines pass the first
+// read's buffer, and every one is counted.
+func TestManyProcessors(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	b.WriteString("cpu  100 0 0 5000 0 0 0 0 0 0\n")
+	for i := range 256 {
+		fmt.Fprintf(&b, "cpu%d 1 0 0 20 0 0 0 0 0 0\n", i)
+	}
+	b.WriteString("intr 1 2 3\n")
+	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := sampler{procFS: dir}
+	if busy, cpus, ok := s.hostTicks(); !ok || busy != 100 || cpus != 256 {
+		t.Fatalf("hostTicks = %d, %d, %v: want 100 busy ticks on 256 processors", busy, cpus, ok)
+	}
+}
+
 func TestBusyUnreadable(t *testing.T) {
 	var st shared
-	st.s = Sampler{procFS: filepath.Join(t.TempDir(), "none")}
+	st.s = sampler{procFS: filepath.Join(t.TempDir(), "none")}
 	for range 3 {
 		if st.sample(time.Now().UnixNano()) {
 			t.Fatal("busy without a /proc to read")
