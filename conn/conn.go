@@ -32,16 +32,12 @@ type rxRing struct {
 	buf  *bufpool.Buffer
 	size int
 	rxCredits
-	retiredAt time.Time
 	// stamp: a large ring, whose last landing is noted for the shrink
 	// under pressure (pressure.go); askedAt: when its writer was last
 	// asked to shrink.
 	stamp       bool
 	askedAt     time.Time
 	lastLanding time.Time
-	// climb: the writer retired this ring to ask for a deeper one (the
-	// ladder), not to shrink.
-	climb bool
 }
 
 func newRxRing(buf *bufpool.Buffer, size, count int) rxRing {

@@ -85,10 +85,7 @@ type enlargement struct {
 	level  int
 	capped bool
 	// as receiver of the data
-	reqIn     uint32 // the latest request seen
-	answered  uint32 // the newest request answered
-	serving   bool   // the enlargement server goroutine runs
-	rxRefused error
+	recvPhase // the state machine (phase.go)
 	// peerTakesAsks: the peer's request said it shrinks when asked
 	// (pressure.go); reqSize, reqCount: the ring its request asked for.
 	peerTakesAsks     bool
@@ -283,13 +280,15 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 func (c *Conn) recordLocked(r record) error {
 	switch r.typ {
 	case recRequest:
-		c.enl.reqIn = r.seq
 		c.enl.peerTakesAsks = r.addr2&reqTakesShrinkAsks != 0
 		c.enl.reqSize, c.enl.reqCount = int(r.size), int(r.count)
 		// Once Close set closed it waits on c.wg: a server started
 		// after that would outlive the connection's memory.
-		if !c.enl.serving && !c.closed {
-			c.enl.serving = true
+		switch {
+		case !c.enl.requested(r.seq):
+		case c.closed:
+			c.enl.serverGone()
+		default:
 			c.wg.Add(1)
 			go c.serveEnlarge(time.Now())
 		}
@@ -324,19 +323,14 @@ func (c *Conn) recordLocked(r record) error {
 // small traffic keeps flowing: it provisions large buffers for this
 // connection only and acknowledges with their address and key, or
 // refuses. Later requests (a retry after a lost ack) are answered with
-// the same buffers. Owned by the Conn; exits on Close. arrived is when
+// the same buffers; the transitions are recvPhase's. Owned by the Conn; exits on Close. arrived is when
 // the request that started it came.
 func (c *Conn) serveEnlarge(arrived time.Time) {
 	defer c.wg.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
-		// A new request (not a replay of one answered) while the peer
-		// has written into our large ring: it shrank away from it and
-		// its shrink record was torn (a retry after a lost ack comes
-		// before any write, since the writer takes only the answer to
-		// its latest request). Retire the ring as the record would have.
-		if r := &c.rx[large]; r.buf != nil && !r.retiring && r.arrived > 0 && c.enl.reqIn > c.enl.answered {
+		if c.enl.tornShrink(c.rx[large].arrived > 0) {
 			c.retireLargeLocked(false)
 		}
 		// A large ring the peer shrank away from is still draining: the
@@ -346,21 +340,19 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 		// provision for a request the writer gave up on, and keep that
 		// ring with nothing to shrink it.
 		drainBy := time.Now().Add(c.o.ackTimeout / 2)
-		for c.rx[large].retiring && !c.closed && c.err == nil && time.Now().Before(drainBy) {
+		for c.enl.draining() && !c.closed && c.err == nil && time.Now().Before(drainBy) {
 			c.waitLocked(c.changed, drainBy)
 		}
 		if c.closed || c.err != nil {
-			c.enl.serving = false
+			c.enl.serverGone()
 			return
 		}
 		seq := c.enl.reqIn
 		rx := &c.rx[large]
 		var tel *telemetry.Enlargement // only the pass that provisions
-		// Still draining (rx.retiring): refused below, not for good.
-		if !rx.retiring && rx.buf == nil && (c.enl.rxRefused == nil || seq > c.enl.answered) {
-			// A new request after a refusal: the budget may have room
-			// now (the writer asks again only after its back-off).
-			c.enl.rxRefused = nil
+		// Still draining: refused below, not for good.
+		if c.enl.mayProvision(seq) {
+			c.enl.tryingAgain()
 			ph := c.o.phaseFor(c.enl.reqSize, c.enl.reqCount)
 			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, ph.Size, ph.Count)
 			if c.rpcsInFlight() {
@@ -391,45 +383,44 @@ func (c *Conn) serveEnlarge(arrived time.Time) {
 				if buf != nil {
 					buf.Release()
 				}
-				c.enl.serving = false
+				c.enl.serverGone()
 				tel.Abort(net.ErrClosed)
 				return
 			}
 			outcome := outcomeServed
 			if err != nil {
-				c.enl.rxRefused = err
+				c.enl.refuse(err)
 				outcome = outcomeServeError
 				c.st.EnlargeRefusals++
 			} else if perr := c.postRecvsLocked(ph.Count); perr != nil {
 				buf.Release()
 				c.failLocked(fmt.Errorf("conn: post receives for the large ring: %w", perr))
-				c.enl.serving = false
+				c.enl.serverGone()
 				tel.Abort(perr)
 				return
 			} else {
 				*rx = newRxRing(buf, ph.Size, ph.Count)
 				rx.stamp, rx.lastLanding = true, time.Now()
+				c.enl.provisioned()
 				c.holdingLarge(true)
 				c.st.EnlargementsServed++
 			}
 			enlargementMarker(c.id, uint32(c.rx[small].size), uint32(ph.Size), time.Since(start).Nanoseconds(), uint32(outcome))
 		}
 		answer := record{typ: recRefuse, seq: seq}
-		if rx.buf != nil && !rx.retiring {
+		if c.enl.acks() {
 			answer = record{typ: recAck, seq: seq, addr: rx.buf.Addr(), rkey: rx.buf.RKey(), size: uint32(rx.size), count: uint32(rx.count)}
 			if !c.o.freeSmall {
 				answer.addr2 = ackKeepsSmall
 			}
 		}
 		if err := c.sendRecordLocked(answer, time.Time{}, false); err != nil {
-			c.enl.serving = false
+			c.enl.serverGone()
 			tel.Abort(err)
 			return
 		}
-		c.enl.answered = max(c.enl.answered, seq)
 		c.endServeTelemetryLocked(tel, arrived)
-		if c.enl.reqIn == seq {
-			c.enl.serving = false
+		if c.enl.answeredUpTo(seq) {
 			return
 		}
 	}

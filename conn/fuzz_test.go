@@ -97,7 +97,7 @@ func fuzzConn(t *testing.T) (*Conn, *stubQP, *advert) {
 	c.tx[small] = txRing{addr: 1 << 20, rkey: 5, size: o.slotSize, count: o.slotCount, txCredits: txCredits{credits: 1}, stage: mem[2], stageSize: o.slotSize, stageSlots: o.slotCount - 1}
 	c.tx[large] = txRing{addr: 1 << 30, rkey: 6, size: o.largeSize, count: o.largeCount, txCredits: txCredits{credits: 1}}
 	c.sending = large
-	c.enl = enlargement{sendPhase: sendPhase{phase: phaseSmall, waiting: true}, reqSeq: 1, serving: true}
+	c.enl = enlargement{sendPhase: sendPhase{phase: phaseSmall, waiting: true}, reqSeq: 1, recvPhase: recvPhase{ring: ringProvisioned, serving: true}}
 	a := &advert{seq: 1, token: 7, buf: mem[1], size: 40000}
 	c.rdv.seq = 1
 	c.rdv.out = []*advert{a}

@@ -85,3 +85,91 @@ func (p *sendPhase) stalling() bool { return p.phase == phaseLarge && p.stalls >
 
 // mayPark reports whether the direction is in S and not parked already.
 func (p *sendPhase) mayPark() bool { return !p.parked && p.phase != phaseLarge }
+
+// The receiver's states of the peer's large ring (doc/protocol.md, 4.6.2).
+const (
+	ringNone        = iota // N: none
+	ringProvisioned        // A: acknowledged, the writer writes into it
+	ringDraining           // D: the writer shrank away; freed once read
+)
+
+// recvPhase is the receiver's state machine of the peer's large ring,
+// and its account of the peer's enlargement requests. Its methods are
+// the transitions; what each one registers, sends or reports stays with
+// its caller (serveEnlarge, retireLargeLocked, maybeDropLargeLocked).
+//
+// Embedded in enlargement, so its fields are c.enl's; guarded by c.mu.
+type recvPhase struct {
+	ring      uint8  // ringNone, ringProvisioned, ringDraining
+	climb     bool   // D: the writer left the ring to climb, not to shrink
+	serving   bool   // the enlargement server goroutine runs
+	reqIn     uint32 // the latest request seen
+	answered  uint32 // the newest request answered
+	rxRefused error  // why the latest provisioning failed
+	retiredAt time.Time
+}
+
+// requested notes a request; start reports whether a server must start
+// to answer it (none runs).
+func (p *recvPhase) requested(seq uint32) (start bool) {
+	p.reqIn = seq
+	start = !p.serving
+	p.serving = true
+	return start
+}
+
+// tornShrink reports whether the latest request, new (not a replay of
+// one answered) while something landed in the provisioned ring, means
+// the writer shrank away and its shrink record was torn: a retry after
+// a lost ack comes before any write, since the writer takes only the
+// answer to its latest request.
+func (p *recvPhase) tornShrink(landed bool) bool {
+	return p.ring == ringProvisioned && landed && p.reqIn > p.answered
+}
+
+// draining reports whether the ring is in D.
+func (p *recvPhase) draining() bool { return p.ring == ringDraining }
+
+// mayProvision reports whether request seq may have a ring provisioned:
+// none is (N), and the request is not one refused already (a new one
+// after a refusal tries again: the budget may have room now).
+func (p *recvPhase) mayProvision(seq uint32) bool {
+	return p.ring == ringNone && (p.rxRefused == nil || seq > p.answered)
+}
+
+// provisioned is N to A; refused keeps N, with why.
+func (p *recvPhase) provisioned()     { p.ring, p.rxRefused = ringProvisioned, nil }
+func (p *recvPhase) refuse(err error) { p.rxRefused = err }
+func (p *recvPhase) acks() bool       { return p.ring == ringProvisioned }
+func (p *recvPhase) serverGone()      { p.serving = false }
+func (p *recvPhase) tryingAgain()     { p.rxRefused = nil }
+
+// answeredUpTo notes request seq answered; done reports whether it was
+// the latest, so that the server may end (a later one came meanwhile
+// otherwise).
+func (p *recvPhase) answeredUpTo(seq uint32) (done bool) {
+	p.answered = max(p.answered, seq)
+	if p.reqIn == seq {
+		p.serving = false
+		return true
+	}
+	return false
+}
+
+// shrinkRecord is A to D: the writer's last message into the ring. In N
+// or D there is no ring to shrink away from: a protocol error.
+func (p *recvPhase) shrinkRecord(climb bool, now time.Time) error {
+	if p.ring != ringProvisioned {
+		return errShrinkNoRing
+	}
+	p.ring, p.climb, p.retiredAt = ringDraining, climb, now
+	return nil
+}
+
+// freed is D to N once every slot was read: climb says whether the
+// writer left to climb, since how long the ring drained.
+func (p *recvPhase) freed(now time.Time) (climb bool, drained time.Duration) {
+	climb, drained = p.climb, now.Sub(p.retiredAt)
+	p.ring, p.climb, p.retiredAt = ringNone, false, time.Time{}
+	return climb, drained
+}

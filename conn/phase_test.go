@@ -1,6 +1,7 @@
 package conn
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -113,5 +114,71 @@ func TestSendPhaseStalls(t *testing.T) {
 				t.Fatal("stalling after the count started again")
 			}
 		})
+	}
+}
+
+// The receiver's transitions of doc/protocol.md 4.6.2 for the large ring,
+// on the type alone: N, a request, A, retries, a shrink record, D, the
+// drain, N again; and the shrink records that are protocol errors.
+func TestRecvPhaseLargeRing(t *testing.T) {
+	var p recvPhase
+	now := time.Now()
+	if err := p.shrinkRecord(false, now); err != errShrinkNoRing {
+		t.Fatalf("shrink record in N: %v; want errShrinkNoRing", err)
+	}
+	if !p.requested(1) {
+		t.Fatal("first request: no server started")
+	}
+	if p.requested(2) {
+		t.Fatal("a request while a server runs started another")
+	}
+	if !p.mayProvision(2) || p.acks() {
+		t.Fatalf("N: mayProvision %v, acks %v; want true, false", p.mayProvision(2), p.acks())
+	}
+	// No memory: refused, N kept; the same request is not tried again,
+	// a newer one is.
+	p.refuse(errors.New("no memory"))
+	if p.answeredUpTo(1) {
+		t.Fatal("answered 1 of 2 requests: the server ended")
+	}
+	if !p.answeredUpTo(2) || p.serving {
+		t.Fatal("answered the latest request: the server goes on")
+	}
+	if p.mayProvision(2) || !p.mayProvision(3) {
+		t.Fatalf("after refusing 2: mayProvision(2) %v, (3) %v; want false, true", p.mayProvision(2), p.mayProvision(3))
+	}
+	p.requested(3)
+	p.tryingAgain()
+	p.provisioned()
+	if !p.acks() || p.rxRefused != nil || p.mayProvision(4) {
+		t.Fatalf("A: acks %v, refused %v, mayProvision %v", p.acks(), p.rxRefused, p.mayProvision(4))
+	}
+	p.answeredUpTo(3)
+	// A retry before anything landed is answered with the same ring; a
+	// new request after data landed is a torn shrink record.
+	p.requested(4)
+	if p.tornShrink(false) {
+		t.Fatal("a retry before any write taken for a torn shrink")
+	}
+	if !p.tornShrink(true) {
+		t.Fatal("a new request after data landed not taken for a torn shrink")
+	}
+	p.answeredUpTo(4)
+	if p.tornShrink(true) {
+		t.Fatal("an answered request taken for a torn shrink")
+	}
+	// A to D, by a climb; a second shrink record is an error.
+	if err := p.shrinkRecord(true, now); err != nil || !p.draining() || p.acks() {
+		t.Fatalf("shrink record in A: %v, draining %v, acks %v", err, p.draining(), p.acks())
+	}
+	if err := p.shrinkRecord(false, now); err != errShrinkNoRing {
+		t.Fatalf("shrink record in D: %v; want errShrinkNoRing", err)
+	}
+	if p.mayProvision(5) {
+		t.Fatal("D: a request may provision before the drain")
+	}
+	climb, d := p.freed(now.Add(time.Second))
+	if !climb || d != time.Second || p.ring != ringNone || !p.mayProvision(5) {
+		t.Fatalf("freed: climb %v after %v, ring %d; want a climb after 1s, N", climb, d, p.ring)
 	}
 }

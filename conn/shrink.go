@@ -154,13 +154,10 @@ func (c *Conn) shrinkTelemetryLocked(side, reason string, start time.Time, d tim
 // large receive ring takes nothing more and goes once drained. climb: the
 // writer steps up the ladder rather than shrinking.
 func (c *Conn) retireLargeLocked(climb bool) error {
-	r := &c.rx[large]
-	if r.buf == nil || r.retiring {
-		return errShrinkNoRing
+	if err := c.enl.shrinkRecord(climb, time.Now()); err != nil {
+		return err
 	}
-	r.retire() // the writer has no use for its credits any more
-	r.climb = climb
-	r.retiredAt = time.Now()
+	c.rx[large].retire() // the writer has no use for its credits any more
 	c.maybeDropLargeLocked()
 	return nil
 }
@@ -187,10 +184,11 @@ func (c *Conn) ringsConsumedLocked() {
 // reader consumed everything in it. Call it after consuming from it.
 func (c *Conn) maybeDropLargeLocked() {
 	r := &c.rx[large]
-	if !r.retiring || !r.drained() {
+	if !c.enl.draining() || !r.drained() {
 		return
 	}
-	from, climb := r.size, r.climb
+	from := r.size
+	climb, d := c.enl.freed(time.Now())
 	reason := telemetry.ReasonIdle
 	if !r.askedAt.IsZero() {
 		reason = telemetry.ReasonPressure
@@ -198,7 +196,6 @@ func (c *Conn) maybeDropLargeLocked() {
 	if err := r.buf.Discard(); err != nil {
 		c.st.ShrinkDiscardErrors++
 	}
-	d := time.Since(r.retiredAt)
 	*r = rxRing{}
 	c.holdingLarge(false)
 	c.pool.Trim() // rendezvous destinations kept for reuse
