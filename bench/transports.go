@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"   // processes of this host
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs" // verbs where a device exists, else shm
 )
 

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/net/nettest"
 
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"   // the default where no RDMA device exists
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs" // chosen automatically where a device exists (the rxe tier)
 )
 

@@ -4,9 +4,9 @@
 //	lis, err := conn.Listen(ctx, "10.0.0.1:7000")                // server: srv.Serve(lis)
 //	grpc.NewClient(addr, grpc.WithContextDialer(conn.Dialer())) // client
 //
-// The provider is verbs when transport/verbs is imported and an RDMA
-// device is usable, else shm (shared memory between the processes of one
-// host); WithProvider or RDMAGRPC_PROVIDER choose, Stats says which and
+// Providers register when imported (transport/shm, transport/verbs;
+// none: ErrNoProvider). The provider is verbs when an RDMA device is usable,
+// else shm (shared memory between the processes of one host); WithProvider or RDMAGRPC_PROVIDER choose, Stats says which and
 // why, ProviderChoice says it before any connection. A device that is
 // present but cannot be used is an error, not a silent switch to shm. The
 // RDMAGRPC_* settings are checked together at the first Listen or Dial: a
@@ -33,8 +33,6 @@
 // at most DefaultLinger (Conn.SetLinger).
 //
 // Connections report OpenTelemetry spans and metrics (WithTracerProvider,
-// WithMeterProvider); StatsHandler puts transport events on RPC spans and
-// StatsFromContext gives a handler its connection's Stats. Logging: only
-// when asked (SetLogger, WithLogger, RDMAGRPC_LOG), and a misspelled
-// setting. How a connection works inside: doc/design.md.
+// WithMeterProvider, StatsHandler); they log only when asked (SetLogger,
+// RDMAGRPC_LOG). How a connection works inside: doc/design.md.
 package conn

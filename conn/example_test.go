@@ -14,6 +14,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm" // a program names the providers it uses
 )
 
 // A gRPC server on an rdmagrpc listener and a client that dials it with

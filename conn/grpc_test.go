@@ -23,6 +23,7 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/conn"
 	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	rinterop "github.com/rdmagrpc/rdmagrpc/interop"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 

@@ -11,7 +11,6 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/internal/logx"
 	"github.com/rdmagrpc/rdmagrpc/internal/settings"
 	"github.com/rdmagrpc/rdmagrpc/transport"
-	_ "github.com/rdmagrpc/rdmagrpc/transport/shm" // the default where no RDMA device exists
 )
 
 // Devices are opened once per provider and shared by every connection of
@@ -45,6 +44,11 @@ func device(name string) (transport.Device, error) {
 	devices[name] = d
 	return d, nil
 }
+
+// ErrNoProvider is what Listen and Dial wrap when the program imported
+// no provider that can serve: providers register on import, as
+// database/sql drivers do, so that conn depends on none of them.
+var ErrNoProvider = errors.New(`conn: no transport provider in this program: import _ "github.com/rdmagrpc/rdmagrpc/transport/shm" (processes of this host) and _ "github.com/rdmagrpc/rdmagrpc/transport/verbs" (RDMA devices)`)
 
 // ErrBadSetting is what Listen and Dial wrap when an RDMAGRPC_*
 // environment variable has a value that cannot be used; the error names
@@ -108,7 +112,8 @@ func pickProvider(o *options) (string, transport.Device, error) {
 }
 
 // chooseProvider: the option, else RDMAGRPC_PROVIDER, else verbs when a
-// usable device exists (and transport/verbs was imported), else shm. Only
+// usable device exists (and transport/verbs was imported), else shm (if
+// transport/shm was imported: ErrNoProvider otherwise). Only
 // the absence of RDMA selects shm: a device that is here but fails to open
 // (permissions, memlock, a port down) is the caller's error, because shm
 // reaches local processes only and would quietly turn every remote dial
@@ -130,6 +135,9 @@ func chooseProvider(o *options) (string, transport.Device, error) {
 		name, why = env, settings.Provider
 	}
 	if name == "" {
+		if !verbsLinked() && !transport.Registered("shm") {
+			return "", nil, ErrNoProvider
+		}
 		name, why = "shm", `no RDMA provider in this program (import _ "github.com/rdmagrpc/rdmagrpc/transport/verbs" to use RDMA devices)`
 		if verbsLinked() {
 			_, err := openDevice("verbs")
@@ -138,6 +146,8 @@ func chooseProvider(o *options) (string, transport.Device, error) {
 				name, why = "verbs", "RDMA device found"
 			case errors.Is(err, transport.ErrUnusable) || !errors.Is(err, transport.ErrUnavailable):
 				return "", nil, fmt.Errorf("%w (set RDMAGRPC_PROVIDER=shm to use shared memory between local processes instead)", err)
+			case !transport.Registered("shm"):
+				return "", nil, fmt.Errorf("%w (and no RDMA device: %w)", ErrNoProvider, err)
 			default:
 				why = err.Error()
 			}

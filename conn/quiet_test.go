@@ -77,3 +77,28 @@ func TestProviderChoiceReported(t *testing.T) {
 		t.Fatalf("Stats: provider %q, reason %q; want shm, option", s.Provider, s.ProviderReason)
 	}
 }
+
+// conn depends on no provider: a program that imports none gets
+// ErrNoProvider from Listen and Dial, naming the imports it lacks.
+func TestNoProviderImported(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool here (the rxe guest) to build the test program")
+	}
+	list, err := exec.Command(gobin, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, p := range strings.Fields(string(list)) {
+		if strings.HasPrefix(p, "github.com/rdmagrpc/rdmagrpc/transport/") {
+			t.Errorf("conn depends on the provider package %s", p)
+		}
+	}
+	out, err := exec.Command(gobin, "run", "./testdata/noprovider").CombinedOutput()
+	if err != nil {
+		t.Fatalf("a program with no provider: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `import _ "github.com/rdmagrpc/rdmagrpc/transport/shm"`) {
+		t.Fatalf("the error does not name the import:\n%s", out)
+	}
+}

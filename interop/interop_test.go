@@ -17,6 +17,7 @@ import (
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
 	"github.com/rdmagrpc/rdmagrpc/interop"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 

@@ -29,6 +29,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 

@@ -20,6 +20,7 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/conn"
 	"github.com/rdmagrpc/rdmagrpc/internal/settings"
 	"github.com/rdmagrpc/rdmagrpc/transport"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm" // what Listen would choose on this host
 	"github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"
 	"golang.org/x/sys/unix"
 )
 

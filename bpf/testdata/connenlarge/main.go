@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"
 )
 
 func main() {

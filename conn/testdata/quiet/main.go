@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/conn"
+	_ "github.com/rdmagrpc/rdmagrpc/transport/shm"
 	_ "github.com/rdmagrpc/rdmagrpc/transport/verbs"
 )
 
