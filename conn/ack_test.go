@@ -21,7 +21,7 @@ var streamSizes = []int{1, 100, 900, 1024, 64 << 10, 7, 5000, 33 << 10, 200 << 1
 // stream writes messages of the given sizes on w while r reads them all,
 // and reports whether r read exactly what w wrote (a SHA-256 of each
 // side's stream): nothing lost, nothing duplicated, nothing reordered.
-func stream(w, r *Conn, sizes []int) error {
+func stream(w, r *rdmaConn, sizes []int) error {
 	sent := sha256.New()
 	total := 0
 	var msgs [][]byte

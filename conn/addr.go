@@ -10,7 +10,7 @@ import (
 
 // setQP makes qp the connection's, and its addresses c's: once, so that
 // an early dial's Conn keeps the values grpc-go took at its return.
-func (c *Conn) setQP(qp transport.QP) {
+func (c *rdmaConn) setQP(qp transport.QP) {
 	c.qp = qp
 	if c.ends == nil {
 		c.ends = &ends{local: tcpAddr(qp.LocalAddr()), remote: tcpAddr(qp.RemoteAddr())}
@@ -40,36 +40,23 @@ func tcpAddr(a net.Addr) net.Addr {
 	return net.TCPAddrFromAddrPort(ap)
 }
 
-// LocalAddr is the address of this end: over TCP, the TCP connection's;
-// over RDMA, a *net.TCPAddr with the IP of this end and its port in the
-// provider's port space. A dial that was upgraded after its TCP
-// connection opened keeps that connection's addresses.
-func (c *Conn) LocalAddr() net.Addr {
-	if c.tcp != nil {
-		return c.tcp.nc.LocalAddr()
-	}
+// LocalAddr is a *net.TCPAddr with the IP of this end and its port in
+// the provider's port space.
+func (c *rdmaConn) LocalAddr() net.Addr {
 	if c.ends == nil { // never connected
 		return nil
 	}
 	return c.ends.local
 }
 
-// RemoteAddr is the address of the peer's end, as LocalAddr is this
-// end's.
-func (c *Conn) RemoteAddr() net.Addr {
-	if c.tcp != nil {
-		return c.tcp.nc.RemoteAddr()
-	}
+func (c *rdmaConn) RemoteAddr() net.Addr {
 	if c.ends == nil {
 		return nil
 	}
 	return c.ends.remote
 }
 
-func (c *Conn) SetDeadline(t time.Time) error {
-	if c.tcp != nil {
-		return c.tcpSetDeadline(t, true, true)
-	}
+func (c *rdmaConn) SetDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rdl, c.wdl = t, t
@@ -77,10 +64,7 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	return nil
 }
 
-func (c *Conn) SetReadDeadline(t time.Time) error {
-	if c.tcp != nil {
-		return c.tcpSetDeadline(t, true, false)
-	}
+func (c *rdmaConn) SetReadDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.rdl = t
@@ -88,10 +72,7 @@ func (c *Conn) SetReadDeadline(t time.Time) error {
 	return nil
 }
 
-func (c *Conn) SetWriteDeadline(t time.Time) error {
-	if c.tcp != nil {
-		return c.tcpSetDeadline(t, false, true)
-	}
+func (c *rdmaConn) SetWriteDeadline(t time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.wdl = t

@@ -14,7 +14,7 @@ import (
 )
 
 // pipe2 connects a dialer with dopts to a listener with lopts.
-func pipe2(t *testing.T, dopts, lopts []Option) (dialed, accepted *Conn) {
+func pipe2(t *testing.T, dopts, lopts []Option) (dialed, accepted *rdmaConn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -23,14 +23,14 @@ func pipe2(t *testing.T, dopts, lopts []Option) (dialed, accepted *Conn) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	ch := make(chan *Conn, 1)
+	ch := make(chan *rdmaConn, 1)
 	go func() {
 		c, err := l.Accept()
 		if err != nil {
 			ch <- nil
 			return
 		}
-		ch <- c.(*Conn)
+		ch <- c.(*Conn).rdma
 	}()
 	d, err := Dial(ctx, l.Addr().String(), dopts...)
 	if err != nil {

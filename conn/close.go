@@ -13,7 +13,7 @@ import (
 // discardLocked drops everything received and not read, after Close,
 // and has everything that arrives later dropped on arrival: the slots are
 // freed and their credits returned at once.
-func (c *Conn) discardLocked() {
+func (c *rdmaConn) discardLocked() {
 	c.discarding = true
 	for _, e := range c.recvQ {
 		if e.ring == rdvRing || e.spill != nil {
@@ -29,13 +29,10 @@ func (c *Conn) discardLocked() {
 
 // isClosed lets calls after Close fail at once instead of queueing behind
 // a teardown that holds c.wmu while it delivers in the background.
-func (c *Conn) isClosed() bool { return c.closedFast.Load() }
+func (c *rdmaConn) isClosed() bool { return c.closedFast.Load() }
 
-// CloseWrite ends our direction: the peer reads io.EOF after the data.
-func (c *Conn) CloseWrite() error {
-	if c.tcp != nil {
-		return c.tcpCloseWrite()
-	}
+// CloseWrite sends kindEOF once what was written is posted.
+func (c *rdmaConn) CloseWrite() error {
 	if c.isClosed() {
 		return c.opErr("close", net.ErrClosed)
 	}
@@ -52,7 +49,7 @@ func (c *Conn) CloseWrite() error {
 	return c.sendEOFLocked()
 }
 
-func (c *Conn) sendEOFLocked() error {
+func (c *rdmaConn) sendEOFLocked() error {
 	if c.wclosed || c.err != nil {
 		return nil
 	}
@@ -62,7 +59,7 @@ func (c *Conn) sendEOFLocked() error {
 
 // sendCloseLocked tells the peer we read no more, so that it stops
 // holding rendezvous data for us (and its Close does not wait for us).
-func (c *Conn) sendCloseLocked() {
+func (c *rdmaConn) sendCloseLocked() {
 	if c.err != nil {
 		return
 	}
@@ -82,13 +79,13 @@ var lingering atomic.Int64
 
 // sentLocked: every message posted has completed (it is in the peer's
 // memory, or the connection failed).
-func (c *Conn) sentLocked() bool {
+func (c *rdmaConn) sentLocked() bool {
 	return c.tx[small].seq == c.tx[small].done && c.tx[large].seq == c.tx[large].done && c.ctlPending == 0 && !c.recordOut
 }
 
 // drainedLocked: the peer has everything written, rendezvous messages
 // included, or reads no more (a peer that closed: waiting is pointless).
-func (c *Conn) drainedLocked() bool {
+func (c *rdmaConn) drainedLocked() bool {
 	return c.rdv.peerClosed || c.sentLocked() && len(c.rdv.out) == 0
 }
 
@@ -98,17 +95,8 @@ func (c *Conn) drainedLocked() bool {
 // background.
 const closeWait = 100 * time.Millisecond
 
-// SetLinger sets what Close does with data written but not yet delivered,
-// as net.TCPConn's SetLinger: sec < 0 (the default), Close returns at
-// once and the connection delivers it in the background, for at most
-// DefaultLinger; sec == 0, Close discards it and tears down at once;
-// sec > 0, Close blocks until it is delivered or sec seconds passed,
-// then tears down. Data in the peer's rings is delivered in every case:
-// only rendezvous messages, which the peer fetches from us, need us.
-func (c *Conn) SetLinger(sec int) error {
-	if c.tcp != nil {
-		return c.tcpSetLinger(sec)
-	}
+// SetLinger: see Conn.SetLinger; what it bounds is teardown's wait.
+func (c *rdmaConn) SetLinger(sec int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -122,13 +110,7 @@ func (c *Conn) SetLinger(sec int) error {
 // io.EOF. It returns at once (see SetLinger); every resource of the
 // connection is released once the peer has what was written, or the
 // linger ran out.
-func (c *Conn) Close() error {
-	if c.tcp != nil {
-		if c.tcp.neg != nil {
-			return c.closeBehind()
-		}
-		return c.tcpClose()
-	}
+func (c *rdmaConn) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -188,7 +170,7 @@ func (c *Conn) Close() error {
 // teardown waits until the peer has what was written, or deadline, then
 // disconnects and releases everything; c.wmu is held on entry (by Close,
 // maybe in another goroutine) and released on return.
-func (c *Conn) teardown(deadline time.Time) {
+func (c *rdmaConn) teardown(deadline time.Time) {
 	defer c.wmu.Unlock()
 	// Readers have seen closed and left (later ones leave at once): what
 	// the peer sent is nobody's any more. Its slots go back, so that the
@@ -217,7 +199,7 @@ func (c *Conn) teardown(deadline time.Time) {
 
 // release frees what newConn, start, the enlargements and the
 // rendezvous transfers created.
-func (c *Conn) release() {
+func (c *rdmaConn) release() {
 	c.holdingLarge(false)
 	if c.opened.Load() {
 		enlargementMarker(c.id, 0, 0, 0, outcomeClosed)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
-	"github.com/rdmagrpc/rdmagrpc/internal/telemetry"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -67,29 +66,27 @@ type txRing struct {
 	seq, done  uint64 // data messages posted and completed
 }
 
-// Conn is an RDMA connection. It implements net.Conn; Stats, CloseWrite
-// and WriteBuffers are its additions.
+// rdmaConn is a connection over RDMA (a queue pair of a provider):
+// what a Conn holds from an accept or a direct dial, and what the
+// negotiation behind a dial hands every call to once it upgraded
+// (lazy.go).
 //
 // Every idle connection end holds one, so its size counts: it is kept
 // within the 1,792 B allocation class with its 8 B malloc header
 // (TestConnSize), with no field that Stats can derive and its small
 // fields packed.
-type Conn struct {
-	id        uint64
-	tcp       *tcpSide     // set: a connection over TCP (tcp.go), nothing below is used
-	rpcs      rpcTrack     // the RPCs on it, for StatsHandler (rpcstats.go)
-	ends      *ends        // RDMA: its addresses, set at start
+type rdmaConn struct {
+	connCore
+	ends      *ends        // its addresses, set at start
 	lastWrite atomic.Int64 // UnixNano of the end of the last Write: idle shrink (shrink.go)
 	opened    atomic.Bool  // start succeeded: release reports the close to the marker
 	// closedFast mirrors closed for the calls that must fail at once
 	// after Close without taking c.mu (isClosed).
 	closedFast atomic.Bool
-	o          *options
 	qp         transport.QP
 	pd         transport.PD
 	cq         transport.CQ
 	pool       *bufpool.Pool
-	tel        *telemetry.Conn // nil-safe; see conn/telemetry.go
 	// inlineMax is the largest message the provider sends inline from
 	// the caller's memory (0: none): a ring whose slots fit needs no
 	// registered staging, and each write is one copy instead of two.
@@ -156,8 +153,8 @@ type entry struct {
 // newConn prepares a connection's memory and queues; start finishes it
 // once the QP exists. ctx parents the connection span; role is
 // telemetry.Client or telemetry.Server.
-func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *Conn, cfg transport.QPConfig, err error) {
-	c = &Conn{id: idFor(ctx), o: o, changed: make(chan struct{})}
+func newConn(ctx context.Context, role string, provider string, dev transport.Device, o *options) (c *rdmaConn, cfg transport.QPConfig, err error) {
+	c = &rdmaConn{connCore: connCore{id: idFor(ctx), o: o}, changed: make(chan struct{})}
 	why := providerWhy(ctx, o)
 	c.st.Provider, c.st.ProviderReason, c.st.Device = provider, why, dev.Name()
 	c.tel = o.tel.StartConn(ctx, role, c.id, provider, why)
@@ -243,17 +240,17 @@ func initialRecvs(n int) []transport.RecvWR {
 // zero-length messages by one credit message and one EOF in flight, the
 // ends of rendezvous transfers by our one read request, parks by one park
 // and one resume (park.go): controlRecvs in all, beside the rings' slots.
-func (c *Conn) recvDepth() int { return c.o.recvCap }
+func (c *rdmaConn) recvDepth() int { return c.o.recvCap }
 
 // controlRecvs are the receives zero-length messages may take (recvDepth).
 const controlRecvs = 7
 
 // smallRecvs is recvDepth while the peer writes into our small ring only.
-func (c *Conn) smallRecvs() int { return c.o.slotCount + controlRecvs }
+func (c *rdmaConn) smallRecvs() int { return c.o.slotCount + controlRecvs }
 
 // postRecvsLocked brings the receives posted to those a large ring of
 // count slots needs, before the peer learns of it.
-func (c *Conn) postRecvsLocked(count int) error {
+func (c *rdmaConn) postRecvsLocked(count int) error {
 	want := min(c.smallRecvs()+count, c.recvDepth())
 	for int(c.recvs) < want {
 		if err := c.repostLocked(); err != nil {
@@ -265,7 +262,7 @@ func (c *Conn) postRecvsLocked(count int) error {
 }
 
 // repostLocked posts one receive, with the ID of the slot it takes.
-func (c *Conn) repostLocked() error {
+func (c *rdmaConn) repostLocked() error {
 	id := c.recvNext
 	if c.recvNext++; int(c.recvNext) == c.recvDepth() {
 		c.recvNext = 0
@@ -274,7 +271,7 @@ func (c *Conn) repostLocked() error {
 	return err
 }
 
-func (c *Conn) hello() hello {
+func (c *rdmaConn) hello() hello {
 	r := c.rx[small]
 	h := hello{ringAddr: r.buf.Addr(), ringRKey: r.buf.RKey(), slotSize: uint32(r.size), slotCount: uint32(r.count)}
 	if c.offered = c.offersParks(); c.offered {
@@ -285,7 +282,7 @@ func (c *Conn) hello() hello {
 
 // start starts the completion loop (the provider posted the receives),
 // before anyone else has the Conn.
-func (c *Conn) start(qp transport.QP, peer hello) error {
+func (c *rdmaConn) start(qp transport.QP, peer hello) error {
 	c.setQP(qp)
 	c.track()
 	c.mu.Lock()
@@ -297,7 +294,7 @@ func (c *Conn) start(qp transport.QP, peer hello) error {
 
 // openLocked takes the peer's ring from its hello: from here calls can
 // use the connection (awaitOpenLocked).
-func (c *Conn) openLocked(peer hello) {
+func (c *rdmaConn) openLocked(peer hello) {
 	t := &c.tx[small]
 	t.addr, t.rkey, t.size, t.count = peer.ringAddr, peer.ringRKey, int(peer.slotSize), int(peer.slotCount)
 	t.grant(t.count)
@@ -313,7 +310,7 @@ func (c *Conn) openLocked(peer hello) {
 // verbs queries the QP (a firmware command on most NICs) and reads the
 // GID's type from sysfs, which a dial need not pay when nobody looks.
 // Best effort: a QP that cannot say its path still carries data.
-func (c *Conn) lookUpPathLocked() {
+func (c *rdmaConn) lookUpPathLocked() {
 	if c.st.Path.Port != 0 {
 		return
 	}
@@ -325,7 +322,7 @@ func (c *Conn) lookUpPathLocked() {
 }
 
 // run reports an opened connection and starts its completion loop.
-func (c *Conn) run() {
+func (c *rdmaConn) run() {
 	c.tel.Connected(c.qp.LocalAddr(), c.qp.RemoteAddr(), c.telemetrySnapshot)
 	c.tel.Fabric(c.st.Device, c.st.Path)
 	enlargementMarker(c.id, providerCodes[c.st.Provider], reasonCode(c.st.ProviderReason, c.o), 0, outcomeOpenedRDMA)
@@ -372,7 +369,7 @@ func reasonCode(why string, o *options) uint32 {
 // Conn's calls wait (awaitOpenLocked; Read for data anyway); a failure
 // comes with them, as a reset TCP connection's does. The answer, or its
 // absence, leaves the gate; forget, if not nil, runs on a failure.
-func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, gate *earlyGate, forget func()) {
+func (c *rdmaConn) establish(ctx context.Context, qp transport.EarlyQP, gate *earlyGate, forget func()) {
 	defer c.wg.Done()
 	var err error
 	if d, ok := qp.(transport.DeadlineEstablisher); ok {
@@ -413,8 +410,17 @@ func (c *Conn) establish(ctx context.Context, qp transport.EarlyQP, gate *earlyG
 	c.run()
 }
 
+// Handshake waits for the listener's answer to an early dial
+// (Conn.Handshake).
+func (c *rdmaConn) Handshake(ctx context.Context) error {
+	if err := c.awaitOpen(ctx); err != nil {
+		return c.opErr("handshake", err)
+	}
+	return nil
+}
+
 // awaitOpen is awaitOpenLocked for a caller bound by ctx alone.
-func (c *Conn) awaitOpen(ctx context.Context) error {
+func (c *rdmaConn) awaitOpen(ctx context.Context) error {
 	if c.opened.Load() {
 		return nil
 	}
@@ -432,7 +438,7 @@ func (c *Conn) awaitOpen(ctx context.Context) error {
 // awaitOpenLocked waits until a connection whose dial returned early is
 // open, within ctx and dl: an error if it failed, was closed, or ctx or
 // dl ended first.
-func (c *Conn) awaitOpenLocked(ctx context.Context, dl time.Time) error {
+func (c *rdmaConn) awaitOpenLocked(ctx context.Context, dl time.Time) error {
 	for !c.opened.Load() {
 		ch := c.changed
 		switch {
@@ -450,13 +456,13 @@ func (c *Conn) awaitOpenLocked(ctx context.Context, dl time.Time) error {
 	return nil
 }
 
-func (c *Conn) broadcastLocked() {
+func (c *rdmaConn) broadcastLocked() {
 	c.creditWait = false
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
 
-func (c *Conn) failLocked(err error) {
+func (c *rdmaConn) failLocked(err error) {
 	if c.err == nil {
 		c.err = err
 		c.broadcastLocked()
@@ -468,7 +474,7 @@ func (c *Conn) failLocked(err error) {
 // caller last checked its condition: a loop that let go of c.mu since
 // (a copy, a registration) must not sleep through a broadcast it missed,
 // such as Close's.
-func (c *Conn) waitLocked(ch chan struct{}, deadline time.Time) {
+func (c *rdmaConn) waitLocked(ch chan struct{}, deadline time.Time) {
 	if c.pollInstead(ch, deadline) {
 		return
 	}
@@ -487,15 +493,11 @@ func (c *Conn) waitLocked(ch chan struct{}, deadline time.Time) {
 	c.mu.Lock()
 }
 
-func (c *Conn) opErr(op string, err error) error {
+func (c *rdmaConn) opErr(op string, err error) error {
 	if err == nil || err == io.EOF {
 		return err
 	}
-	nw := "rdma"
-	if c.tcp != nil {
-		nw = "tcp"
-	}
-	return &net.OpError{Op: op, Net: nw, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	return &net.OpError{Op: op, Net: "rdma", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
 func expired(dl time.Time) bool { return !dl.IsZero() && !time.Now().Before(dl) }

@@ -184,12 +184,12 @@ func creditDue(rx *[2]rxRing) (ring int, ok bool) {
 }
 
 // takeCreditsLocked picks freed slots to piggyback on an outgoing message.
-func (c *Conn) takeCreditsLocked() (ring, n int) { return piggyback(&c.rx) }
+func (c *rdmaConn) takeCreditsLocked() (ring, n int) { return piggyback(&c.rx) }
 
 // returnCreditsLocked sends freed slots back in a credit message once
 // half a ring is free and no credit message is on its way already (data
 // messages carry credits too).
-func (c *Conn) returnCreditsLocked() {
+func (c *rdmaConn) returnCreditsLocked() {
 	if c.creditOut || c.err != nil || c.qp == nil {
 		return
 	}

@@ -69,11 +69,11 @@ func TestRendezvousChunksBothWaysFullRings(t *testing.T) {
 // exchangeBothWays writes msgs on a and on b at once, lets the rings fill
 // for delay before either side reads, and checks that each side reads
 // exactly the other's stream within 10 s.
-func exchangeBothWays(t *testing.T, round int, a, b *Conn, msgs [][]byte, delay time.Duration) {
+func exchangeBothWays(t *testing.T, round int, a, b *rdmaConn, msgs [][]byte, delay time.Duration) {
 	t.Helper()
 	want := bytes.Join(msgs, nil)
 	errc := make(chan error, 4)
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		go func() {
 			for _, m := range msgs {
 				if _, err := c.Write(m); err != nil {
@@ -85,7 +85,7 @@ func exchangeBothWays(t *testing.T, round int, a, b *Conn, msgs [][]byte, delay 
 		}()
 	}
 	time.Sleep(delay) // fixed: the rings fill with nobody reading, the case under test
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		go func() {
 			got := make([]byte, len(want))
 			_, err := io.ReadFull(c, got)

@@ -57,10 +57,13 @@ func Dial(ctx context.Context, addr string, opts ...Option) (net.Conn, error) {
 }
 
 func dialWith(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
-	var c net.Conn
+	var c *Conn
 	var err error
 	if o.noTCP {
-		c, err = dialRDMA(ctx, addr, o, name, nil, nil)
+		var r *rdmaConn
+		if r, err = dialRDMA(ctx, addr, o, name, nil, nil); err == nil {
+			c = wrapRDMA(r)
+		}
 	} else {
 		c, err = dialNegotiated(ctx, addr, o, name)
 	}
@@ -102,7 +105,7 @@ func (e *deadlineError) Temporary() bool { return true }
 // if not nil: return once the request is sent, where the provider can and
 // the gate lets it, instead of after the listener's answer (establish);
 // forget, if not nil, runs when such a connection then fails.
-func dialRDMA(ctx context.Context, addr string, o *options, name string, early *earlyGate, forget func()) (net.Conn, error) {
+func dialRDMA(ctx context.Context, addr string, o *options, name string, early *earlyGate, forget func()) (*rdmaConn, error) {
 	dev, err := openDevice(name)
 	if err != nil {
 		return nil, err
@@ -387,7 +390,7 @@ func (l *Listener) handshake(req transport.ConnRequest, s *side) {
 		return
 	}
 	select {
-	case l.conns <- c:
+	case l.conns <- wrapRDMA(c):
 		taken = true
 	case <-l.ctx.Done():
 		c.Close()

@@ -102,7 +102,7 @@ func TestNettestEarlyDial(t *testing.T) {
 }
 
 // earlyConns is conns on a dial that returned early.
-func earlyConns(t *testing.T, opts ...Option) (*Conn, *Conn) {
+func earlyConns(t *testing.T, opts ...Option) (*rdmaConn, *rdmaConn) {
 	t.Helper()
 	a, b := connsOf(t, earlyPipe, opts...)
 	if _, ok := a.qp.(transport.EarlyQP); !ok {
@@ -214,8 +214,8 @@ func TestEarlyDialsBounded(t *testing.T) {
 		t.Fatalf("dial after an answer: %v", err)
 	}
 	conns = append(conns, c)
-	if _, ok := c.(*Conn).qp.(transport.EarlyQP); !ok {
-		t.Fatalf("the dial after an answer waited for its own: its QP is a %T", c.(*Conn).qp)
+	if _, ok := c.(*Conn).rdma.qp.(transport.EarlyQP); !ok {
+		t.Fatalf("the dial after an answer waited for its own: its QP is a %T", c.(*Conn).rdma.qp)
 	}
 }
 

@@ -104,7 +104,7 @@ func enlargementMarker(connID uint64, fromSize, toSize uint32, durationNanos int
 // It returns an error only when the write cannot go on at all (deadline,
 // close, a dead connection); if enlargement cannot be had, the data goes
 // through the small buffers. c.wmu is held.
-func (c *Conn) enlarge() error {
+func (c *rdmaConn) enlarge() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.enl.phase != phaseSmall {
@@ -196,7 +196,7 @@ func (c *Conn) enlarge() error {
 	return nil
 }
 
-func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start time.Time) {
+func (c *rdmaConn) finishEnlargeLocked(phase, outcome int, from, to uint32, start time.Time) {
 	d := time.Since(start)
 	if outcome == outcomeEnlarged {
 		c.st.Enlargements++
@@ -229,7 +229,7 @@ func (c *Conn) finishEnlargeLocked(phase, outcome int, from, to uint32, start ti
 // behind an advert, and their last credits taken by adverts, enlargement
 // requests or acks, wait for each other forever. Data keeps that credit
 // too (write), and a reader has one read request out at a time.
-func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) error {
+func (c *rdmaConn) sendRecordLocked(r record, deadline time.Time, bounded bool) error {
 	read := r.typ == recRead
 	for c.recordOut || !c.tx[c.sending].canSendRecord(read) || c.posting || c.enl.parked {
 		ch := c.changed
@@ -277,7 +277,7 @@ func (c *Conn) sendRecordLocked(r record, deadline time.Time, bounded bool) erro
 
 // recordLocked handles a control record from the peer (poller); an error
 // fails the connection.
-func (c *Conn) recordLocked(r record) error {
+func (c *rdmaConn) recordLocked(r record) error {
 	switch r.typ {
 	case recRequest:
 		c.enl.peerTakesAsks = r.addr2&reqTakesShrinkAsks != 0
@@ -325,7 +325,7 @@ func (c *Conn) recordLocked(r record) error {
 // refuses. Later requests (a retry after a lost ack) are answered with
 // the same buffers; the transitions are recvPhase's. Owned by the Conn; exits on Close. arrived is when
 // the request that started it came.
-func (c *Conn) serveEnlarge(arrived time.Time) {
+func (c *rdmaConn) serveEnlarge(arrived time.Time) {
 	defer c.wg.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -433,7 +433,7 @@ var markerCalls atomic.Uint64
 // (a reliable connection keeps order, so everything it wrote there has
 // landed), and once the reader consumed all of it the small ring is
 // deregistered and freed.
-func (c *Conn) maybeFreeSmallLocked() {
+func (c *rdmaConn) maybeFreeSmallLocked() {
 	r := &c.rx[small]
 	if !c.o.freeSmall || r.buf == nil || c.rx[large].arrived == 0 || !r.drained() {
 		return

@@ -19,44 +19,44 @@ import (
 // faults wraps shm; tests add rules to it and remove them when done.
 var faults = wrapShm("conn-test-fault")
 
-func conns(t *testing.T, opts ...Option) (*Conn, *Conn) {
+func conns(t *testing.T, opts ...Option) (*rdmaConn, *rdmaConn) {
 	t.Helper()
 	return connsOf(t, pipe, opts...)
 }
 
 // connsOf is the two Conns of a pipe made by p (pipe, earlyPipe), closed
 // when the test ends.
-func connsOf(t *testing.T, p func(testing.TB, ...Option) (net.Conn, net.Conn, func(), error), opts ...Option) (*Conn, *Conn) {
+func connsOf(t *testing.T, p func(testing.TB, ...Option) (net.Conn, net.Conn, func(), error), opts ...Option) (*rdmaConn, *rdmaConn) {
 	t.Helper()
 	a, b, stop, err := p(t, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	return unwrap(t, a), b.(*Conn)
+	return unwrap(t, a), unwrap(t, b)
 }
 
 // unwrap is the connection a dial's Conn hands its calls to once its
 // negotiation is over (lazy.go): the upgraded one, for tests that look
 // inside it.
-func unwrap(t testing.TB, nc net.Conn) *Conn {
+func unwrap(t testing.TB, nc net.Conn) *rdmaConn {
 	t.Helper()
 	c := nc.(*Conn)
-	if c.tcp == nil || c.tcp.neg == nil {
-		return c
+	if c.rdma != nil {
+		return c.rdma
 	}
-	r, err := c.settled(context.Background())
+	r, err := c.tcp.settled(context.Background())
 	if err != nil {
 		t.Fatalf("the dial's negotiation: %v", err)
 	}
 	if r == nil {
-		return c
+		t.Fatalf("the dial stayed on TCP: %s", c.Stats().ProviderReason)
 	}
 	return r
 }
 
 // transfer writes data on w with write and checks r reads exactly it.
-func transfer(t *testing.T, w, r *Conn, data []byte, write func([]byte) error) {
+func transfer(t *testing.T, w, r net.Conn, data []byte, write func([]byte) error) {
 	t.Helper()
 	got := make(chan []byte, 1)
 	go func() {
@@ -80,7 +80,7 @@ func random(n int) []byte {
 	return b
 }
 
-func writeAll(c *Conn) func([]byte) error {
+func writeAll(c net.Conn) func([]byte) error {
 	return func(b []byte) error { _, err := c.Write(b); return err }
 }
 
@@ -89,7 +89,7 @@ const largeBytes = DefaultLargeSize * DefaultLargeCount
 
 // stagedLarge is what c registers to stage large sends: nothing where the
 // provider sends inline from the caller's memory (shm).
-func stagedLarge(c *Conn) int {
+func stagedLarge(c *rdmaConn) int {
 	if c.inlineMax >= DefaultLargeSize {
 		return 0
 	}
@@ -98,7 +98,7 @@ func stagedLarge(c *Conn) int {
 
 func TestEnlargeBothDirections(t *testing.T) {
 	a, b := conns(t)
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		if s := c.Stats(); s.RegisteredBytes != smallBytes || s.SendPhase != "small" || s.RecvPhase != "small" {
 			t.Fatalf("idle connection: %+v, want %d registered bytes, small phases", s, smallBytes)
 		}
@@ -284,7 +284,7 @@ func TestFreeSmallOnEnlarge(t *testing.T) {
 	// The other direction enlarges too: its request and ack travel in
 	// rings that are large on one side.
 	transfer(t, b, a, random(100<<10), writeAll(b))
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		if s := c.Stats(); !s.SmallFreed || s.RegisteredBytes != int64(smallBytes/2+largeBytes+stagedLarge(c)) {
 			t.Fatalf("after both enlargements: %+v, want %d bytes", s, smallBytes/2+largeBytes+stagedLarge(c))
 		}
@@ -361,7 +361,7 @@ func TestEnlargeRetriedAfterBackoff(t *testing.T) {
 // it, and the large ring's traffic runs on them.
 func TestReceivesPostedForTheRingInUse(t *testing.T) {
 	a, b := conns(t)
-	recvs := func(c *Conn) (posted, count int) {
+	recvs := func(c *rdmaConn) (posted, count int) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return int(c.recvs), c.rx[large].count

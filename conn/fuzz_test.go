@@ -70,7 +70,7 @@ const rwAccess = transport.AccessLocalWrite | transport.AccessRemoteWrite
 // its large ring already, as after a retry), holding a 40,000-byte
 // rendezvous message for the peer (advert 1, token 7), whose completion
 // loop is fed by the fuzzer.
-func fuzzConn(t *testing.T) (*Conn, *stubQP, *advert) {
+func fuzzConn(t *testing.T) (*rdmaConn, *stubQP, *advert) {
 	fm, err := fuzzMemory()
 	if err != nil {
 		t.Skip("no shm device:", err)
@@ -91,7 +91,7 @@ func fuzzConn(t *testing.T) (*Conn, *stubQP, *advert) {
 	clear(largeRing.Bytes())
 	q := &stubQP{}
 	// offered: our hello offered parking, so the fuzzer reaches it.
-	c := &Conn{id: 1, o: &o, qp: q, pool: fm.pool, changed: make(chan struct{}), offered: true}
+	c := &rdmaConn{connCore: connCore{id: 1, o: &o}, qp: q, pool: fm.pool, changed: make(chan struct{}), offered: true}
 	c.rx[small] = newRxRing(mem[0], o.slotSize, o.slotCount)
 	c.rx[large] = newRxRing(largeRing, o.largeSize, o.largeCount)
 	c.tx[small] = txRing{addr: 1 << 20, rkey: 5, size: o.slotSize, count: o.slotCount, txCredits: txCredits{credits: 1}, stage: mem[2], stageSize: o.slotSize, stageSlots: o.slotCount - 1}
@@ -192,7 +192,7 @@ func FuzzPeerInput(f *testing.F) {
 	})
 }
 
-func checkInvariants(t *testing.T, c *Conn, a *advert, sent []transport.SendWR) {
+func checkInvariants(t *testing.T, c *rdmaConn, a *advert, sent []transport.SendWR) {
 	t.Helper()
 	for i := range c.tx {
 		if tx := &c.tx[i]; tx.credits > tx.count {

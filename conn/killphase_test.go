@@ -34,36 +34,36 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 		phase string
 		write int // the size of our writes
 		// reach returns once the connection is in the phase.
-		reach func(t *testing.T, c *Conn)
+		reach func(t *testing.T, c *rdmaConn)
 	}{
-		{"small", 100, func(t *testing.T, c *Conn) {
+		{"small", 100, func(t *testing.T, c *rdmaConn) {
 			readN(t, c, 10<<10)
 			if s := c.Stats(); s.RecvPhase != "small" || s.SendPhase != "small" {
 				t.Fatalf("phases %s/%s, want small", s.SendPhase, s.RecvPhase)
 			}
 		}},
-		{"enlarging-peer-waits", 100, func(t *testing.T, c *Conn) {
+		{"enlarging-peer-waits", 100, func(t *testing.T, c *rdmaConn) {
 			// Our enlargement server is muted: the peer waits for an ack.
 			testutil.Eventually(t, 10*time.Second, "c.enl.reqIn >= 1", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.enl.reqIn >= 1 }))
 		}},
-		{"enlarging-we-wait", 64 << 10, func(t *testing.T, c *Conn) {
+		{"enlarging-we-wait", 64 << 10, func(t *testing.T, c *rdmaConn) {
 			// The peer holds our request: our write waits for its ack.
 			testutil.Eventually(t, 10*time.Second, "c.enl.waiting && c.enl.attempts == 1", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.enl.waiting && c.enl.attempts == 1 }))
 		}},
-		{"large", 40 << 10, func(t *testing.T, c *Conn) {
+		{"large", 40 << 10, func(t *testing.T, c *rdmaConn) {
 			readN(t, c, 1<<20)
 			if s := c.Stats(); s.RecvPhase != "large" {
 				t.Fatalf("peer's direction in phase %s, want large", s.RecvPhase)
 			}
 		}},
-		{"shrinking", 100, func(t *testing.T, c *Conn) {
+		{"shrinking", 100, func(t *testing.T, c *rdmaConn) {
 			// The peer wrote 26 messages of 40 KiB, then shrank its
 			// direction: our large ring is retired with its last message
 			// still unread.
 			readN(t, c, 25*40<<10)
 			testutil.Eventually(t, 10*time.Second, "c.rx[large].retiring", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.rx[large].retiring }))
 		}},
-		{"rendezvous", 8 << 20, func(t *testing.T, c *Conn) {
+		{"rendezvous", 8 << 20, func(t *testing.T, c *rdmaConn) {
 			readN(t, c, 5<<20) // into the second advert of an 8 MiB message
 			testutil.Eventually(t, 10*time.Second, "c.Stats().Rendezvous >= 1", testutil.Bool(func() bool { return c.Stats().Rendezvous >= 1 }))
 			if s := c.Stats(); s.RendezvousIn < 2 {
@@ -112,7 +112,7 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 			if nc == nil {
 				t.Fatal("accept failed")
 			}
-			c := nc.(*Conn)
+			c := nc.(*Conn).rdma
 			if tc.phase == "enlarging-peer-waits" {
 				c.mu.Lock()
 				c.enl.serving = true // muted
@@ -169,7 +169,7 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 	}
 }
 
-func readN(t *testing.T, c *Conn, n int64) {
+func readN(t *testing.T, c *rdmaConn, n int64) {
 	t.Helper()
 	if _, err := io.CopyN(io.Discard, c, n); err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ var epoch = time.Now()
 // stalling, and says whether it did (the write then enlarges). c.wmu is
 // held (a write is starting, which saw the stalls); an error only when
 // the connection is done.
-func (c *Conn) climb() (bool, error) {
+func (c *rdmaConn) climb() (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.enl.stalling() || c.enl.capped ||

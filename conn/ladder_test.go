@@ -56,7 +56,7 @@ func TestLadderReceiverCaps(t *testing.T) {
 // streamToSlowReader writes n random bytes in 16 KiB writes to a reader
 // that pauses a millisecond every pause bytes, so the writer stalls on
 // credits, and checks every byte arrived.
-func streamToSlowReader(t *testing.T, w, r *Conn, n, pause int) {
+func streamToSlowReader(t *testing.T, w, r *rdmaConn, n, pause int) {
 	t.Helper()
 	data := random(n)
 	got := make(chan []byte, 1)

@@ -40,14 +40,14 @@ type behind struct {
 	// deadline may cut them.
 	out chan struct{}
 	// Set under mu before done closes, fixed after.
-	rdma *Conn // the upgraded connection: every call goes to it
-	err  error // the negotiation failed: every call returns it
-	open bool  // stays TCP: the Conn's own TCP side carries on
+	rdma *rdmaConn // the upgraded connection: every call goes to it
+	err  error     // the negotiation failed: every call returns it
+	open bool      // stays TCP: the Conn's own TCP side carries on
 	// Set under mu before out closes, fixed after: why the held bytes
 	// did not all go out (every later write returns it).
 	flushErr error
 	// ready is rdma once the held bytes went to it.
-	ready atomic.Pointer[Conn]
+	ready atomic.Pointer[rdmaConn]
 
 	// wrote (capacity 1) is signalled at each held write: the
 	// negotiation waits for the first bytes before it sends anything.
@@ -78,18 +78,18 @@ type behind struct {
 
 // dialBehind makes the Conn of a dial whose negotiation on tc runs
 // behind it.
-func dialBehind(tc *net.TCPConn, addr string, o *options, name string) *Conn {
-	c := &Conn{id: connIDs.Add(1), o: o, changed: make(chan struct{})}
+func dialBehind(tc *net.TCPConn, addr string, o *options, name string) *tcpConn {
+	c := &tcpConn{connCore: connCore{id: connIDs.Add(1), o: o}, nc: tc, strip: len(h2Preface)}
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), connIDKey{}, c.id))
 	n := &behind{done: make(chan struct{}), out: make(chan struct{}), wrote: make(chan struct{}, 1), changed: make(chan struct{}), cancel: cancel}
-	c.tcp = &tcpSide{nc: tc, neg: n, strip: len(h2Preface)}
+	c.neg = n
 	n.wg.Add(1)
 	go c.negotiateBehind(ctx, addr, name)
 	return c
 }
 
-func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
-	t, n := c.tcp, c.tcp.neg
+func (c *tcpConn) negotiateBehind(ctx context.Context, addr, name string) {
+	t, n := c, c.neg
 	defer n.wg.Done()
 	defer n.cancel()
 	tc := t.nc.(*net.TCPConn)
@@ -120,13 +120,13 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 	}
 	held := n.held
 	n.held = nil
-	var r *Conn
+	var r *rdmaConn
 	switch {
 	case err != nil:
 		n.err = err
 		tc.Close()
 	case v.rdma != nil:
-		r = v.rdma.(*Conn)
+		r = v.rdma
 		n.rdma = r
 		// grpc-go knows this connection by our RemoteAddr, which stays
 		// the TCP one: StatsHandler must find the upgraded one by it.
@@ -192,7 +192,7 @@ func (c *Conn) negotiateBehind(ctx context.Context, addr, name string) {
 		case r != nil:
 			r.Close()
 		case n.open:
-			c.tcpClose()
+			c.closeSocket()
 		}
 	}
 }
@@ -253,7 +253,7 @@ const (
 // wait waits for the verdict, within the deadline of kind and ctx, and
 // returns the upgraded connection (nil: TCP carries on) or why there is
 // none.
-func (n *behind) wait(ctx context.Context, kind int) (*Conn, error) {
+func (n *behind) wait(ctx context.Context, kind int) (*rdmaConn, error) {
 	if err := n.waitFor(ctx, kind, n.done); err != nil {
 		return nil, err
 	}
@@ -344,8 +344,8 @@ func (n *behind) hold(b []byte) (ok, flushed bool, err error) {
 // readTarget is the connection a read goes to, once the verdict is in
 // (within the read deadline): the upgraded one, or nil for the Conn's own
 // TCP side.
-func (c *Conn) readTarget() (*Conn, error) {
-	n := c.tcp.neg
+func (c *tcpConn) readTarget() (*rdmaConn, error) {
+	n := c.neg
 	if n == nil {
 		return nil, nil
 	}
@@ -359,7 +359,7 @@ func (c *Conn) readTarget() (*Conn, error) {
 	return r, nil
 }
 
-func (c *Conn) tcpRead(b []byte) (int, error) {
+func (c *tcpConn) Read(b []byte) (int, error) {
 	if c.isClosed() {
 		return 0, c.opErr("read", net.ErrClosed)
 	}
@@ -370,14 +370,14 @@ func (c *Conn) tcpRead(b []byte) (int, error) {
 	case r != nil:
 		return r.Read(b)
 	}
-	return c.tcp.read(b)
+	return c.read(b)
 }
 
-func (c *Conn) tcpWrite(b []byte) (int, error) {
+func (c *tcpConn) Write(b []byte) (int, error) {
 	if c.isClosed() {
 		return 0, c.opErr("write", net.ErrClosed)
 	}
-	t := c.tcp
+	t := c
 	n := t.neg
 	if n == nil {
 		t.wmu.Lock()
@@ -413,26 +413,9 @@ func (c *Conn) tcpWrite(b []byte) (int, error) {
 	return t.writeLocked(b)
 }
 
-// Handshake waits until the connection knows what it runs on: the
-// negotiation behind its dial (see Dial) upgraded it to RDMA, or it
-// carries on over TCP, and what was written before went out. It returns
-// why neither, such as a listener's refusal or a server that closed.
-// Read and Write wait for the negotiation themselves, as crypto/tls's
-// Conn does its handshake (Stats does not: it says ProviderNegotiating
-// until then); Handshake is for a caller that wants its outcome, or an
-// error, at a point of its choosing, and it starts the negotiation of a
-// dial that has written nothing yet. A dial to a
-// listener known to offer RDMA, which returns once its request is sent,
-// waits for the listener's answer the same way. A connection that never
-// negotiated returns nil at once.
-func (c *Conn) Handshake(ctx context.Context) error {
-	if c.tcp == nil {
-		if err := c.awaitOpen(ctx); err != nil {
-			return c.opErr("handshake", err)
-		}
-		return nil
-	}
-	if c.tcp.neg == nil {
+// Handshake: see Conn.Handshake.
+func (c *tcpConn) Handshake(ctx context.Context) error {
+	if c.neg == nil {
 		return nil
 	}
 	if _, err := c.settled(ctx); err != nil {
@@ -443,8 +426,8 @@ func (c *Conn) Handshake(ctx context.Context) error {
 
 // settled waits for the verdict with no deadline but ctx and Close, and
 // for the held bytes to go out: what follows needs the final connection.
-func (c *Conn) settled(ctx context.Context) (*Conn, error) {
-	n := c.tcp.neg
+func (c *tcpConn) settled(ctx context.Context) (*rdmaConn, error) {
+	n := c.neg
 	// Whoever waits for the verdict before writing anything does not
 	// wait for firstWriteWait too.
 	n.mu.Lock()
@@ -463,8 +446,8 @@ func (c *Conn) settled(ctx context.Context) (*Conn, error) {
 	return n.rdma, n.flushErr
 }
 
-func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
-	if n := c.tcp.neg; n != nil {
+func (c *tcpConn) setDeadline(t time.Time, read, write bool) error {
+	if n := c.neg; n != nil {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		if read {
@@ -473,7 +456,7 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 			case n.rdma != nil:
 				n.rdma.SetReadDeadline(t)
 			case n.open:
-				c.tcp.nc.SetReadDeadline(t)
+				c.nc.SetReadDeadline(t)
 			}
 		}
 		if write {
@@ -484,7 +467,7 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 			case n.rdma != nil:
 				n.rdma.SetWriteDeadline(t)
 			case n.open:
-				c.tcp.nc.SetWriteDeadline(t)
+				c.nc.SetWriteDeadline(t)
 			}
 		}
 		if !n.flushed {
@@ -494,11 +477,11 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 	}
 	switch {
 	case read && write:
-		return c.tcp.nc.SetDeadline(t)
+		return c.nc.SetDeadline(t)
 	case read:
-		return c.tcp.nc.SetReadDeadline(t)
+		return c.nc.SetReadDeadline(t)
 	}
-	return c.tcp.nc.SetWriteDeadline(t)
+	return c.nc.SetWriteDeadline(t)
 }
 
 // closeBehind is Close of a dial's Conn. Bytes a Write accepted while
@@ -507,15 +490,15 @@ func (c *Conn) tcpSetDeadline(t time.Time, read, write bool) error {
 // go out, and the connection closes, in the background within
 // DefaultLinger (or within SetLinger's seconds, Close waiting); linger 0
 // discards them.
-func (c *Conn) closeBehind() error {
-	n := c.tcp.neg
+func (c *tcpConn) closeBehind() error {
+	n := c.neg
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
 		return c.opErr("close", net.ErrClosed)
 	}
 	n.closed = true
-	c.closedFast.Store(true)
+	c.closing.Store(true)
 	n.broadcastLocked()
 	r, open := n.rdma, n.open
 	if !n.flushed && n.err == nil && n.hasHeld && !(n.lingerSet && n.linger == 0) {
@@ -548,11 +531,11 @@ func (c *Conn) closeBehind() error {
 	case r != nil:
 		err = r.Close() // also ends a write of the held bytes
 	case open:
-		err = c.tcpClose()
+		err = c.closeSocket()
 	default:
 		// Ends the negotiation's reads and writes; it sees discard and
 		// closes the socket (and an upgraded connection) itself.
-		c.tcp.nc.SetDeadline(aLongTimeAgo)
+		c.nc.SetDeadline(aLongTimeAgo)
 	}
 	n.wg.Wait()
 	return err
@@ -561,14 +544,14 @@ func (c *Conn) closeBehind() error {
 // abortBehind ends a closed Conn's delivery of its held bytes when its
 // linger ran out: the negotiation, or the flush, fails, and the
 // negotiation's goroutine closes what is left.
-func (c *Conn) abortBehind() {
-	n := c.tcp.neg
+func (c *tcpConn) abortBehind() {
+	n := c.neg
 	n.mu.Lock()
 	n.discard = true
 	r := n.rdma
 	n.mu.Unlock()
 	n.cancel()
-	c.tcp.nc.SetDeadline(aLongTimeAgo)
+	c.nc.SetDeadline(aLongTimeAgo)
 	if r != nil {
 		r.SetLinger(0)
 		r.Close()
@@ -583,8 +566,8 @@ func (c *Conn) abortBehind() {
 const ProviderNegotiating = "negotiating"
 
 // statsBehind is Stats of a dial's Conn: ok false once TCP carries on.
-func (c *Conn) statsBehind() (s Stats, ok bool) {
-	n := c.tcp.neg
+func (c *tcpConn) statsBehind() (s Stats, ok bool) {
+	n := c.neg
 	select {
 	case <-n.done:
 	default:

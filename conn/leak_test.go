@@ -167,7 +167,7 @@ func TestFaultMatrixNoLeaks(t *testing.T) {
 				if tc.shrink || tc.park {
 					opts = append(opts, WithIdleShrink(20*time.Millisecond))
 				}
-				var a, b *Conn
+				var a, b *rdmaConn
 				if early {
 					a, b = earlyConns(t, opts...)
 				} else {

@@ -24,7 +24,7 @@ import (
 // its peer's ring (small or large), in the slot the puppet's own count
 // says is next, as a real message would; payload comes from c's record
 // staging slot. The completion is taken as a control record's.
-func forge(t *testing.T, c *Conn, ring int, imm uint32, payload []byte) {
+func forge(t *testing.T, c *rdmaConn, ring int, imm uint32, payload []byte) {
 	t.Helper()
 	helloed(t, c) // the puppet posts on an open connection only
 	c.mu.Lock()
@@ -48,7 +48,7 @@ func forge(t *testing.T, c *Conn, ring int, imm uint32, payload []byte) {
 
 // post posts wr from the puppet c with payload (if any) in c's record
 // staging slot; c.mu is held.
-func post(t *testing.T, c *Conn, wr transport.SendWR, payload []byte) {
+func post(t *testing.T, c *rdmaConn, wr transport.SendWR, payload []byte) {
 	t.Helper()
 	st := &c.tx[small]
 	off := st.stageSlots * st.stageSize
@@ -65,7 +65,7 @@ func post(t *testing.T, c *Conn, wr transport.SendWR, payload []byte) {
 
 // forgeRecord sends r, well framed and checksummed, as a control record
 // of the given kind (kindControl: small ring, kindRecordL: large).
-func forgeRecord(t *testing.T, c *Conn, kind int, r record) {
+func forgeRecord(t *testing.T, c *rdmaConn, kind int, r record) {
 	t.Helper()
 	ring := small
 	if kind == kindRecordL {
@@ -93,7 +93,7 @@ func bait(t *testing.T, e *env) (*bufpool.Buffer, []byte) {
 func snapshot(b *bufpool.Buffer) []byte { return bytes.Clone(b.Bytes()) }
 
 // connErr waits for c's connection to fail and returns why.
-func connErr(t *testing.T, c *Conn) error {
+func connErr(t *testing.T, c *rdmaConn) error {
 	t.Helper()
 	testutil.Eventually(t, 10*time.Second, "c.err != nil", testutil.Bool(func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.err != nil }))
 	c.mu.Lock()
@@ -104,7 +104,7 @@ func connErr(t *testing.T, c *Conn) error {
 // readsFail checks that c's Read, after whatever data was delivered
 // before, fails with an error that is neither a clean end (unless eofOK)
 // nor a time-out, within 5 s.
-func readsFail(t *testing.T, c *Conn, eofOK bool) error {
+func readsFail(t *testing.T, c *rdmaConn, eofOK bool) error {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 64<<10)
@@ -128,7 +128,7 @@ func readsFail(t *testing.T, c *Conn, eofOK bool) error {
 // canary byte outside a grant changed, and once both are closed nothing
 // is left (no PD, CQ, QP, MR, budget byte or goroutine).
 type env struct {
-	victim, puppet *Conn
+	victim, puppet *rdmaConn
 	// writeErr receives the result of a victim's Write started by the
 	// case (nil channel: none).
 	writeErr chan error
@@ -253,7 +253,7 @@ func TestMaliciousPeer(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.release = append(e.release, stop)
-			other := c2.(*Conn)
+			other := c2.(*Conn).rdma
 			ring := other.rx[small].buf
 			before := snapshot(ring)
 			waitingForAck(t, e)
@@ -443,7 +443,7 @@ func TestMaliciousPeer(t *testing.T) {
 
 // nicRefused checks that the puppet's own raw access was refused by the
 // victim's side (the victim's QP then fails too, its receives flushed).
-func nicRefused(t *testing.T, puppet *Conn) {
+func nicRefused(t *testing.T, puppet *rdmaConn) {
 	t.Helper()
 	if err := connErr(t, puppet); !strings.Contains(err.Error(), "remote access error") {
 		t.Fatalf("puppet's error %v, want its access refused", err)
@@ -452,7 +452,7 @@ func nicRefused(t *testing.T, puppet *Conn) {
 
 // shrinkNow shrinks c's sending direction once its large writes have
 // completed, and returns the large ring it had.
-func shrinkNow(t *testing.T, c *Conn) txRing {
+func shrinkNow(t *testing.T, c *rdmaConn) txRing {
 	t.Helper()
 	c.wmu.Lock()
 	defer c.wmu.Unlock()

@@ -278,7 +278,7 @@ func forgetServer(addr, provider string) {
 // the dial (lazy.go): Dial returns once TCP is connected, as net.Dial
 // does, except WithoutFallback, whose dial must fail when there is no
 // RDMA and so waits for the answer.
-func dialNegotiated(ctx context.Context, addr string, o *options, name string) (net.Conn, error) {
+func dialNegotiated(ctx context.Context, addr string, o *options, name string) (*Conn, error) {
 	if known, ok := lookupServer(addr, name); ok {
 		// Early unless WithoutFallback, whose errors must come from Dial:
 		// a failure after the request went out comes with the first
@@ -289,7 +289,7 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		}
 		c, _, err := upgrade(withProviderWhy(ctx, known.why), known.addr, o, known.provider, gate, func() { forgetServer(addr, name) })
 		if err == nil {
-			return c, nil
+			return wrapRDMA(c), nil
 		}
 		forgetServer(addr, name)
 		if final(ctx, err) {
@@ -304,8 +304,11 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 			// Nothing on the TCP side: a listener WithoutTCP, or one of
 			// an rdmagrpc older than the TCP side.
 			c, rerr := dialRDMA(ctx, addr, o, name, nil, nil)
-			if rerr == nil || listenerAnswered(rerr) {
-				return c, rerr
+			if rerr == nil {
+				return wrapRDMA(c), nil
+			}
+			if listenerAnswered(rerr) {
+				return nil, rerr
 			}
 			return nil, &dialError{tcp: err, rdma: rerr}
 		}
@@ -313,7 +316,7 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 	}
 	tc := nc.(*net.TCPConn)
 	if !o.noFallback {
-		return dialBehind(tc, addr, o, name), nil
+		return &Conn{tcp: dialBehind(tc, addr, o, name)}, nil
 	}
 	// The dial's context bounds the negotiation: it cuts the socket's
 	// deadline short. A connection returned after that fired is unusable.
@@ -332,7 +335,7 @@ func dialNegotiated(ctx context.Context, addr string, o *options, name string) (
 		tc.Close()
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Source: tc.LocalAddr(), Addr: tc.RemoteAddr(), Err: err}
 	}
-	return v.rdma, nil // WithoutFallback: settle never stays on TCP
+	return wrapRDMA(v.rdma), nil // WithoutFallback: settle never stays on TCP
 }
 
 // dialError is a dial that nothing answered, over TCP nor directly over
@@ -367,7 +370,7 @@ func listenerAnswered(err error) bool {
 // verdict is what a negotiation found: an upgraded connection, or the
 // TCP connection stays, with the server's bytes already read and why.
 type verdict struct {
-	rdma   net.Conn
+	rdma   *rdmaConn
 	replay []byte
 	why    string
 	// untouched: nothing of the negotiation went on the TCP connection
@@ -434,7 +437,7 @@ func settle(ctx context.Context, tc *net.TCPConn, addr string, o *options, name 
 // TIME_WAIT on either side) and the listener remembered; otherwise upErr
 // says why the dial carries on over TCP (skipped: offers the client could
 // not take), or err is final.
-func upgradeFor(ctx context.Context, tc *net.TCPConn, addr string, offers []offer, skipped string, o *options, name string) (c net.Conn, upErr, err error) {
+func upgradeFor(ctx context.Context, tc *net.TCPConn, addr string, offers []offer, skipped string, o *options, name string) (c *rdmaConn, upErr, err error) {
 	var errs []error
 	if skipped != "" {
 		errs = append(errs, errors.New("not dialed: "+skipped))
@@ -477,7 +480,7 @@ func upgradeFor(ctx context.Context, tc *net.TCPConn, addr string, offers []offe
 // upgrade dials the RDMA address a listener offered, within
 // WithUpgradeTimeout; timedOut says that bound ran out.
 // early and forget: see dialRDMA.
-func upgrade(ctx context.Context, rdmaAddr string, o *options, name string, early *earlyGate, forget func()) (c net.Conn, timedOut bool, err error) {
+func upgrade(ctx context.Context, rdmaAddr string, o *options, name string, early *earlyGate, forget func()) (c *rdmaConn, timedOut bool, err error) {
 	uctx, cancel := context.WithTimeout(ctx, o.upgradeTimeout)
 	defer cancel()
 	c, err = dialRDMA(uctx, rdmaAddr, o, name, early, forget)

@@ -124,7 +124,7 @@ func (l *Listener) negotiate(tc *net.TCPConn) {
 		tc.SetDeadline(time.Time{})
 		c := newTCPConn(telemetry.Server, tc, read, false, why, l.o)
 		select {
-		case l.conns <- c:
+		case l.conns <- &Conn{tcp: c}:
 		case <-l.ctx.Done():
 			<-l.backlog
 			c.Close()

@@ -56,7 +56,7 @@ const (
 
 // offersParks: our small ring's pages can go back while the connection
 // idles, so the peer may park its writes into it.
-func (c *Conn) offersParks() bool {
+func (c *rdmaConn) offersParks() bool {
 	return !withholdParks.Load() && c.rx[small].buf != nil && c.rx[small].buf.CanReleasePages()
 }
 
@@ -65,7 +65,7 @@ var withholdParks atomic.Bool
 
 // armIdleLocked (re)arms the connection's idle timer to fire after wait:
 // the shrink of a large direction and the park of a small one share it.
-func (c *Conn) armIdleLocked(wait time.Duration) {
+func (c *rdmaConn) armIdleLocked(wait time.Duration) {
 	if c.enl.idleTimer == nil {
 		c.enl.idleTimer = time.AfterFunc(wait, c.onIdle)
 		return
@@ -74,7 +74,7 @@ func (c *Conn) armIdleLocked(wait time.Duration) {
 }
 
 // onIdle runs on the idle timer.
-func (c *Conn) onIdle() {
+func (c *rdmaConn) onIdle() {
 	c.mu.Lock()
 	c.parkArmed = false
 	isLarge := c.enl.phase == phaseLarge
@@ -89,7 +89,7 @@ func (c *Conn) onIdle() {
 // armParkLocked arms the idle timer for a park of our small direction,
 // once: each write calls it, and the timer, when it fires, looks at when
 // the last write ended.
-func (c *Conn) armParkLocked() {
+func (c *rdmaConn) armParkLocked() {
 	if c.parkArmed || !c.peerParks || c.o.idleShrink <= 0 || c.closed {
 		return
 	}
@@ -99,7 +99,7 @@ func (c *Conn) armParkLocked() {
 
 // parkIfIdle parks our small direction if it has been idle for
 // WithIdleShrink and can be parked now, or arms the timer again.
-func (c *Conn) parkIfIdle() {
+func (c *rdmaConn) parkIfIdle() {
 	if !c.wmu.TryLock() {
 		c.mu.Lock()
 		c.armParkLocked() // a write is under way: not idle
@@ -140,7 +140,7 @@ func (c *Conn) parkIfIdle() {
 
 // postParkLocked sends a park or an answer to one, with credits for our
 // small ring.
-func (c *Conn) postParkLocked(n, credits int) error {
+func (c *rdmaConn) postParkLocked(n, credits int) error {
 	t := &c.tx[c.sending] // zero-length: any ring of the peer's that exists
 	_, err := c.qp.PostSend(transport.SendWR{
 		ID: idPark, Opcode: transport.OpWriteWithImm, Signaled: true,
@@ -155,7 +155,7 @@ func (c *Conn) postParkLocked(n, credits int) error {
 }
 
 // parkMessageLocked handles a park or a resume from the peer (poller).
-func (c *Conn) parkMessageLocked(n int) error {
+func (c *rdmaConn) parkMessageLocked(n int) error {
 	switch n {
 	case lenPark:
 		r := &c.rx[small]

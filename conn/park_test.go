@@ -39,7 +39,7 @@ func resident(t *testing.T, b []byte) int {
 
 // helloed waits for the peer's hello, which says whether it parks: a
 // dial returns before it arrives.
-func helloed(t *testing.T, cs ...*Conn) {
+func helloed(t *testing.T, cs ...*rdmaConn) {
 	t.Helper()
 	for _, c := range cs {
 		if err := c.Handshake(context.Background()); err != nil {
@@ -48,7 +48,7 @@ func helloed(t *testing.T, cs ...*Conn) {
 	}
 }
 
-func parkable(t *testing.T, cs ...*Conn) {
+func parkable(t *testing.T, cs ...*rdmaConn) {
 	t.Helper()
 	helloed(t, cs...)
 	for _, c := range cs {
@@ -60,7 +60,7 @@ func parkable(t *testing.T, cs ...*Conn) {
 
 // small messages each way: enough to write into every slot of both small
 // rings, so that all their pages are in.
-func chatter(t *testing.T, a, b *Conn) {
+func chatter(t *testing.T, a, b *rdmaConn) {
 	t.Helper()
 	for range 2 * DefaultSlotCount {
 		transfer(t, a, b, random(DefaultSlotSize-64), writeAll(a))
@@ -242,7 +242,7 @@ func TestNoParkWithoutOffer(t *testing.T) {
 }
 
 // Err is the connection's failure, for the tests.
-func (c *Conn) Err() error {
+func (c *rdmaConn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
@@ -265,14 +265,14 @@ func TestParkMetric(t *testing.T) {
 	})
 }
 
-func parkedNow(c *Conn) bool {
+func parkedNow(c *rdmaConn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.enl.parked
 }
 
 // isParkPending says whether a park of ours waits for its answer.
-func (c *Conn) isParkPending() bool {
+func (c *rdmaConn) isParkPending() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.enl.parked

@@ -82,7 +82,7 @@ type pollAux struct {
 var wcPool = sync.Pool{New: func() any { return new([32]transport.WorkCompletion) }}
 
 // startPolling starts the completion loop, or hands the CQ our kick.
-func (c *Conn) startPolling() {
+func (c *rdmaConn) startPolling() {
 	if n, ok := c.cq.(transport.NotifyCQ); ok {
 		n.SetNotify(c.kickPoll)
 		c.kickPoll() // arms the queue, or finds what came already
@@ -96,7 +96,7 @@ func (c *Conn) startPolling() {
 
 // kickPoll is the CQ's callback: run the loop, or make the running one
 // look again before it exits.
-func (c *Conn) kickPoll() {
+func (c *rdmaConn) kickPoll() {
 	for f := c.pl.flags.Load(); f&plFlagPosting != 0; f = c.pl.flags.Load() {
 		if c.pl.flags.CompareAndSwap(f, f|plFlagDeferred) {
 			return
@@ -132,7 +132,7 @@ func (c *Conn) kickPoll() {
 // idle, and what comes now is likelier an idle connection's control
 // message, such as a park, which the loop serves on its own stack rather
 // than a sleeping reader's).
-func (c *Conn) kickWaiterLocked() bool {
+func (c *rdmaConn) kickWaiterLocked() bool {
 	c.pl.mu.Lock()
 	if c.pl.stopped || c.pl.running || c.pl.suspended || c.pl.flags.And(^uint32(plFlagWaiting))&plFlagWaiting == 0 ||
 		spinClock()-c.pl.quietAt > uint32(waiterFresh/time.Microsecond) ||
@@ -156,7 +156,7 @@ var kickedWaiters atomic.Uint64
 // takeRoleLocked makes the caller the loop, suspended or not before,
 // and returns the channel it closes when it lets the role go. c.pl.mu is
 // held, and no loop runs.
-func (c *Conn) takeRoleLocked() chan struct{} {
+func (c *rdmaConn) takeRoleLocked() chan struct{} {
 	c.pl.suspended = false
 	c.pl.running, c.pl.done = true, make(chan struct{})
 	return c.pl.done
@@ -165,7 +165,7 @@ func (c *Conn) takeRoleLocked() chan struct{} {
 // suspendPoll hands the running loop's role (its done channel) to the
 // connection's waiters: the queue stays unarmed, the next waiter polls,
 // and the backstop restarts the loop if none does within WithPollSpin.
-func (c *Conn) suspendPoll(done chan struct{}) {
+func (c *rdmaConn) suspendPoll(done chan struct{}) {
 	c.pl.mu.Lock()
 	defer c.pl.mu.Unlock()
 	c.pl.running, c.pl.done = false, nil
@@ -181,7 +181,7 @@ func (c *Conn) suspendPoll(done chan struct{}) {
 
 // suspendedLocked leaves the loop's role to the next waiter, with the
 // backstop set. c.pl.mu is held.
-func (c *Conn) suspendedLocked() {
+func (c *rdmaConn) suspendedLocked() {
 	c.pl.suspended = true
 	d := max(c.o.pollSpin, time.Microsecond)
 	if c.pl.aux == nil {
@@ -212,7 +212,7 @@ func (a *pollAux) resetBackstop(d time.Duration) {
 
 // resumePoll is the backstop of a: nobody polled since the suspension,
 // so a loop runs again (and arms the queue once it finds nothing).
-func (c *Conn) resumePoll(a *pollAux) {
+func (c *rdmaConn) resumePoll(a *pollAux) {
 	c.pl.mu.Lock()
 	defer c.pl.mu.Unlock()
 	if c.pl.aux != a {
@@ -237,7 +237,7 @@ func (c *Conn) resumePoll(a *pollAux) {
 // caller looks at its condition again; false when it found nothing within
 // WithPollSpin (or its deadline), armed the queue and let the role go:
 // the caller then waits, and the next completion runs the loop.
-func (c *Conn) pollInstead(ch chan struct{}, deadline time.Time) bool {
+func (c *rdmaConn) pollInstead(ch chan struct{}, deadline time.Time) bool {
 	c.pl.mu.Lock()
 	if !c.pl.suspended || c.pl.stopped {
 		c.pl.mu.Unlock()
@@ -256,7 +256,7 @@ func (c *Conn) pollInstead(ch chan struct{}, deadline time.Time) bool {
 var inlineRounds atomic.Uint64
 
 // pollFor is pollInstead's polling, done holding the loop's role.
-func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{}) bool {
+func (c *rdmaConn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{}) bool {
 	buf := wcPool.Get().(*[32]transport.WorkCompletion)
 	defer wcPool.Put(buf)
 	wcs := buf[:]
@@ -315,7 +315,7 @@ func (c *Conn) pollFor(ch chan struct{}, deadline time.Time, done chan struct{})
 // postSend posts wr for a writer that holds c.mu, and reports whether
 // a kick came meanwhile, which the writer then owes the queue: pollNow,
 // once it let go of c.mu.
-func (c *Conn) postSend(wr transport.SendWR) (kicked bool, err error) {
+func (c *rdmaConn) postSend(wr transport.SendWR) (kicked bool, err error) {
 	c.pl.flags.Or(plFlagPosting)
 	_, err = c.qp.PostSend(wr)
 	f := c.pl.flags.And(^uint32(plFlagPosting | plFlagDeferred))
@@ -329,7 +329,7 @@ var deferredKicks atomic.Uint64
 // the loop's role, if nobody holds it, and polls until the queue is
 // empty and armed, without spinning: a kick during a post means the
 // queue was armed, so the connection had gone quiet. c.mu is not held.
-func (c *Conn) pollNow() {
+func (c *rdmaConn) pollNow() {
 	deferredKicks.Add(1)
 	c.pl.mu.Lock()
 	switch {
@@ -375,7 +375,7 @@ func (c *Conn) pollNow() {
 // pollRound polls once, for the holder of the loop's role (done): how
 // many completions it found, or false once the loop ended (Close, or the
 // queue failed).
-func (c *Conn) pollRound(wcs []transport.WorkCompletion, done chan struct{}) (int, bool) {
+func (c *rdmaConn) pollRound(wcs []transport.WorkCompletion, done chan struct{}) (int, bool) {
 	if c.pl.stop.Load() {
 		c.pollExit(done)
 		return 0, false
@@ -389,7 +389,7 @@ func (c *Conn) pollRound(wcs []transport.WorkCompletion, done chan struct{}) (in
 }
 
 // pollExit ends the loop unless an event came since it last looked.
-func (c *Conn) pollExit(done chan struct{}) bool {
+func (c *rdmaConn) pollExit(done chan struct{}) bool {
 	c.pl.mu.Lock()
 	defer c.pl.mu.Unlock()
 	if c.pl.kicked && !c.pl.stopped {
@@ -409,7 +409,7 @@ func (c *Conn) pollExit(done chan struct{}) bool {
 }
 
 // stopPolling ends the completion loop for good and waits for it.
-func (c *Conn) stopPolling() {
+func (c *rdmaConn) stopPolling() {
 	c.pl.mu.Lock()
 	c.pl.stopped = true
 	c.pl.stop.Store(true)
@@ -439,7 +439,7 @@ func (c *Conn) stopPolling() {
 // last completion, then arm, poll again, and exit (notified: the next
 // completion runs it again) or sleep in CQ.Wait (verbs: the completion
 // channel in the netpoller). It owns no OS thread while it sleeps.
-func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
+func (c *rdmaConn) poll(ctx context.Context, done chan struct{}, notified bool) {
 	buf := wcPool.Get().(*[32]transport.WorkCompletion)
 	defer wcPool.Put(buf)
 	wcs := buf[:]
@@ -513,14 +513,14 @@ func (c *Conn) poll(ctx context.Context, done chan struct{}, notified bool) {
 }
 
 // loopFailed fails the connection with err and ends the loop for good.
-func (c *Conn) loopFailed(done chan struct{}, err error) {
+func (c *rdmaConn) loopFailed(done chan struct{}, err error) {
 	c.fail(err)
 	c.stopLoopOnError(done)
 }
 
 // stopLoopOnError ends the loop after a queue error: no later event
 // starts it again.
-func (c *Conn) stopLoopOnError(done chan struct{}) {
+func (c *rdmaConn) stopLoopOnError(done chan struct{}) {
 	c.pl.mu.Lock()
 	c.pl.stopped = true
 	c.pl.mu.Unlock()

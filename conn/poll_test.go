@@ -60,7 +60,7 @@ func TestWaiterPollsInTheLoopsPlace(t *testing.T) {
 }
 
 // pingPong sends rounds of 64 B from a to b and back, checking each.
-func pingPong(t *testing.T, a, b *Conn, rounds int) {
+func pingPong(t *testing.T, a, b *rdmaConn, rounds int) {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() {
@@ -202,7 +202,7 @@ func TestReaderDoesNotPollForControlMessages(t *testing.T) {
 	parkable(t, a, b)
 	transfer(t, a, b, random(100), writeAll(a))
 	transfer(t, b, a, random(100), writeAll(b))
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		go c.Read(make([]byte, 1)) // sleeps, as grpc-go's reader does
 	}
 	time.Sleep(20 * time.Millisecond) // the exchange's completions are taken

@@ -44,10 +44,10 @@ const (
 // candidates for a shrink under pressure.
 var holders = struct {
 	sync.Mutex
-	m map[*Conn]struct{}
-}{m: map[*Conn]struct{}{}}
+	m map[*rdmaConn]struct{}
+}{m: map[*rdmaConn]struct{}{}}
 
-func (c *Conn) holdingLarge(on bool) {
+func (c *rdmaConn) holdingLarge(on bool) {
 	holders.Lock()
 	if on {
 		holders.m[c] = struct{}{}
@@ -61,9 +61,9 @@ func (c *Conn) holdingLarge(on bool) {
 // rings of other connections on budget b to shrink, until what they hold
 // covers need bytes. It returns how many it asked. No lock of c's is held:
 // it takes the others' one at a time.
-func askShrinks(c *Conn, b *bufpool.Budget, need int64) int {
+func askShrinks(c *rdmaConn, b *bufpool.Budget, need int64) int {
 	holders.Lock()
-	others := make([]*Conn, 0, len(holders.m))
+	others := make([]*rdmaConn, 0, len(holders.m))
 	for o := range holders.m {
 		if o != c {
 			others = append(others, o)
@@ -71,7 +71,7 @@ func askShrinks(c *Conn, b *bufpool.Budget, need int64) int {
 	}
 	holders.Unlock()
 	type cand struct {
-		c     *Conn
+		c     *rdmaConn
 		last  time.Time
 		bytes int64
 	}
@@ -112,7 +112,7 @@ func askShrinks(c *Conn, b *bufpool.Budget, need int64) int {
 
 // shrinkAskedLocked is the peer's ask (poller): shrink the sending
 // direction once it is idle for pressureIdle, on the shrink timer.
-func (c *Conn) shrinkAskedLocked() {
+func (c *rdmaConn) shrinkAskedLocked() {
 	if c.enl.phase != phaseLarge || !c.enl.peerKeepsSmall || c.closed {
 		return
 	}
@@ -123,7 +123,7 @@ func (c *Conn) shrinkAskedLocked() {
 
 // shrinkAfter is how long the sending direction must be idle to shrink:
 // the idle shrink's time, or pressureIdle when the peer asked.
-func (c *Conn) shrinkAfter() time.Duration {
+func (c *rdmaConn) shrinkAfter() time.Duration {
 	if c.enl.pressure && time.Now().After(c.enl.pressureUntil) {
 		c.enl.pressure = false // busy all along: the asker asks again
 	}
@@ -136,7 +136,7 @@ func (c *Conn) shrinkAfter() time.Duration {
 // awaitRoom retries get until it succeeds, fails otherwise than for the
 // budget, c closes, or the deadline passes: the shrinks askShrinks asked
 // for give memory back as the peers' shrink records are read.
-func (c *Conn) awaitRoom(get func() (*bufpool.Buffer, error), deadline time.Time) (*bufpool.Buffer, error) {
+func (c *rdmaConn) awaitRoom(get func() (*bufpool.Buffer, error), deadline time.Time) (*bufpool.Buffer, error) {
 	for {
 		buf, err := get()
 		if err == nil || !isBudgetErr(err) || c.isClosed() || time.Now().After(deadline) {

@@ -15,7 +15,7 @@ func TestReclaimUnderPressure(t *testing.T) {
 	const n = 4
 	large := int64(DefaultLargeSize * DefaultLargeCount)
 	budget := bufpool.NewBudget(n*smallBytes + 2*large + 16<<10)
-	ws, rs := make([]*Conn, n), make([]*Conn, n)
+	ws, rs := make([]*rdmaConn, n), make([]*rdmaConn, n)
 	for i := range n {
 		ws[i], rs[i] = pipe2(t, nil, []Option{WithBudget(budget)})
 	}

@@ -84,7 +84,7 @@ func TestProviderReasonWithoutVerbs(t *testing.T) {
 // per-peer isolation), on both ends.
 func TestShmConnectionOnPeerDevice(t *testing.T) {
 	a, b := conns(t, WithProvider("shm"))
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		if d := c.Stats().Device; !strings.HasPrefix(d, "shm0/pid") {
 			t.Errorf("connection on device %q, want the peer process's (shm0/pid…)", d)
 		}

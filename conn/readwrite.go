@@ -12,19 +12,15 @@ import (
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
-// Read reads data written by the peer; io.EOF once the peer closed its
-// direction and everything before was read.
-func (c *Conn) Read(b []byte) (int, error) {
-	if c.tcp != nil {
-		return c.tcpRead(b)
-	}
+// Read reads from the ring slots and rendezvous messages in arrival order.
+func (c *rdmaConn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	return c.readRLocked(b)
 }
 
 // readRLocked is Read, c.rmu held.
-func (c *Conn) readRLocked(b []byte) (int, error) {
+func (c *rdmaConn) readRLocked(b []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
@@ -58,7 +54,7 @@ func (c *Conn) readRLocked(b []byte) (int, error) {
 
 // readRingLocked copies from the ring slot at the head of the stream, or
 // from the copy spillLocked made of it.
-func (c *Conn) readRingLocked(b []byte) int {
+func (c *rdmaConn) readRingLocked(b []byte) int {
 	e := c.recvQ[0]
 	r := &c.rx[e.ring]
 	src := e.spill
@@ -86,7 +82,7 @@ func (c *Conn) readRingLocked(b []byte) int {
 	return k
 }
 
-func (c *Conn) postCtlLocked(kind, ring, credits int) error {
+func (c *rdmaConn) postCtlLocked(kind, ring, credits int) error {
 	t := &c.tx[c.sending] // zero-length: any ring of the peer's that exists
 	_, err := c.qp.PostSend(transport.SendWR{
 		ID: idCtl | uint64(kind), Opcode: transport.OpWriteWithImm, Signaled: true,
@@ -103,10 +99,7 @@ func (c *Conn) postCtlLocked(kind, ring, credits int) error {
 // Write writes b. Above the threshold it first enlarges this direction
 // (an enlargement request and its acknowledgement): the call blocks until the peer's acknowledgement, a refusal,
 // or the acknowledgement time-out, honouring the write deadline.
-func (c *Conn) Write(b []byte) (int, error) {
-	if c.tcp != nil {
-		return c.tcpWrite(b)
-	}
+func (c *rdmaConn) Write(b []byte) (int, error) {
 	if c.isClosed() {
 		return 0, c.opErr("write", net.ErrClosed)
 	}
@@ -119,7 +112,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 // writeElem sends one buffer the way its size asks for: by rendezvous
 // above the rendezvous threshold, through the large ring above the
 // threshold (enlarging first), else through the ring of the current phase.
-func (c *Conn) writeElem(b []byte) (int, error) {
+func (c *rdmaConn) writeElem(b []byte) (int, error) {
 	c.mu.Lock()
 	err := c.awaitOpenLocked(context.Background(), c.wdl)
 	if err == nil {
@@ -150,7 +143,7 @@ func (c *Conn) writeElem(b []byte) (int, error) {
 // write copies b into staging slots and writes it into the peer's ring of
 // the current phase, a slot per message, waiting for credits when that
 // ring is full. c.wmu is held.
-func (c *Conn) write(b []byte) (int, error) {
+func (c *rdmaConn) write(b []byte) (int, error) {
 	n := 0
 	for {
 		c.mu.Lock()
@@ -255,13 +248,7 @@ func (c *Conn) write(b []byte) (int, error) {
 // goes through the small buffers and the rest, from the large element on,
 // after the enlargement. Elements above the rendezvous threshold go by
 // rendezvous.
-func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
-	if c.tcp != nil {
-		if r := c.tcp.upgraded(); r != nil {
-			return r.WriteBuffers(v)
-		}
-		return c.tcpWriteBuffers(v)
-	}
+func (c *rdmaConn) WriteBuffers(v net.Buffers) (int64, error) {
 	if c.isClosed() {
 		return 0, c.opErr("write", net.ErrClosed)
 	}
@@ -279,7 +266,7 @@ func (c *Conn) WriteBuffers(v net.Buffers) (int64, error) {
 	return n, nil
 }
 
-func (c *Conn) writeErrLocked() error {
+func (c *rdmaConn) writeErrLocked() error {
 	switch {
 	case c.closed:
 		return net.ErrClosed

@@ -25,14 +25,8 @@ var _ interface {
 	ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error)
 } = (*Conn)(nil)
 
-// ReadOnReady waits until the connection is readable (data, EOF or an
-// error, within the read deadline), then takes a buffer of bufSize from
-// pool and reads into it. It returns the buffer, which the caller puts
-// back in pool, and the bytes read; on an error, no buffer.
-func (c *Conn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
-	if c.tcp != nil {
-		return c.tcpReadOnReady(bufSize, pool)
-	}
+// ReadOnReady: see Conn.ReadOnReady.
+func (c *rdmaConn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
 	c.rmu.Lock()
 	c.awaitReadable()
 	return c.readReady(bufSize, pool)
@@ -49,7 +43,7 @@ func (c *Conn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, erro
 // KiB more stack than over TCP.
 //
 //go:noinline
-func (c *Conn) awaitReadable() {
+func (c *rdmaConn) awaitReadable() {
 	c.mu.Lock()
 	for !c.closed && !expired(c.rdl) && len(c.recvQ) == 0 && !c.eofIn && c.err == nil {
 		if !c.rdl.IsZero() {
@@ -73,7 +67,7 @@ func (c *Conn) awaitReadable() {
 // and released on return.
 //
 //go:noinline
-func (c *Conn) readReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+func (c *rdmaConn) readReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
 	defer c.rmu.Unlock()
 	return readInto(bufSize, pool, c.readRLocked)
 }
@@ -94,7 +88,7 @@ func readInto(bufSize int, pool mem.BufferPool, read func([]byte) (int, error)) 
 	}
 }
 
-func (c *Conn) tcpReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+func (c *tcpConn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
 	r, err := c.readTarget()
 	switch {
 	case err != nil:
@@ -102,7 +96,7 @@ func (c *Conn) tcpReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, e
 	case r != nil:
 		return r.ReadOnReady(bufSize, pool)
 	}
-	t := c.tcp
+	t := c
 	t.rmu.Lock()
 	replay := len(t.replay) > 0
 	t.rmu.Unlock()

@@ -27,7 +27,7 @@ func TestReadOnReady(t *testing.T) {
 		name string
 		pair func(t *testing.T) (w, r net.Conn)
 	}{
-		{"rdma", func(t *testing.T) (net.Conn, net.Conn) { a, b := conns(t); return a, b }},
+		{"rdma", func(t *testing.T) (net.Conn, net.Conn) { a, b := conns(t); return wrapRDMA(a), wrapRDMA(b) }},
 		{"tcp", func(t *testing.T) (net.Conn, net.Conn) {
 			// A plain client accepted on a listener's TCP side.
 			l, err := Listen(t.Context(), testAddr())

@@ -15,7 +15,7 @@ import (
 // abortLocked fails the connection and tells the peer at once, as a TCP
 // reset would: its reads and writes fail now rather than at its next
 // time-out.
-func (c *Conn) abortLocked(err error) {
+func (c *rdmaConn) abortLocked(err error) {
 	c.failLocked(err)
 	if !c.aborted {
 		c.aborted = true
@@ -24,7 +24,7 @@ func (c *Conn) abortLocked(err error) {
 	}
 }
 
-func (c *Conn) fail(err error) {
+func (c *rdmaConn) fail(err error) {
 	c.mu.Lock()
 	c.failLocked(err)
 	c.mu.Unlock()
@@ -41,7 +41,7 @@ var errProtocol = errors.New("conn: peer broke the protocol")
 // its own stack, which then stayed 8 KiB (4 KiB more per idle server
 // end of grpc-go, whose reader sleeps with more than a quarter of 4 KiB
 // in use).
-func (c *Conn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
+func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	waiter = c.creditWait
@@ -105,7 +105,7 @@ func (c *Conn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 
 // receivedLocked accounts one incoming message; everything in its
 // immediate is checked against what this connection granted.
-func (c *Conn) receivedLocked(imm uint32) error {
+func (c *rdmaConn) receivedLocked(imm uint32) error {
 	kind, ring, credits, n := decodeImm(imm)
 	if t := &c.tx[ring]; credits > 0 && !(ring == large && c.enl.shrunk) && !t.returned(credits, t.count) {
 		return fmt.Errorf("%w: %d credits for a ring of %d slots", errProtocol, t.credits, t.count)

@@ -94,7 +94,7 @@ type rendezvous struct {
 // writeRendezvous sends b by rendezvous, a chunk (an advert) at a time; c.wmu is
 // held. When no registered memory can be had for a chunk (the budget),
 // that chunk goes through the rings instead: the data always goes through.
-func (c *Conn) writeRendezvous(b []byte) (int, error) {
+func (c *rdmaConn) writeRendezvous(b []byte) (int, error) {
 	n := 0
 	for len(b) > 0 {
 		k := min(len(b), c.o.rdvChunk)
@@ -157,7 +157,7 @@ func (c *Conn) writeRendezvous(b []byte) (int, error) {
 }
 
 // advertLocked queues a message the peer holds for us (poller).
-func (c *Conn) advertLocked(r record) error {
+func (c *rdmaConn) advertLocked(r record) error {
 	if c.discarding {
 		return nil // closed: the peer knows we fetch nothing more
 	}
@@ -184,7 +184,7 @@ func (c *Conn) advertLocked(r record) error {
 // serveReadLocked checks a read request against what this connection
 // advertised and writes the data (poller). Requests must come in order:
 // the first advert not fully asked for, from where the last one ended.
-func (c *Conn) serveReadLocked(r record) error {
+func (c *rdmaConn) serveReadLocked(r record) error {
 	var a *advert
 	for _, x := range c.rdv.out {
 		if x.requested < x.size {
@@ -231,7 +231,7 @@ func (c *Conn) serveReadLocked(r record) error {
 }
 
 // servedLocked accounts the completion of a read request's writes.
-func (c *Conn) servedLocked() error {
+func (c *rdmaConn) servedLocked() error {
 	if len(c.rdv.serving) == 0 || len(c.rdv.out) == 0 {
 		return fmt.Errorf("%w: rendezvous completion with no transfer", errProtocol)
 	}
@@ -252,7 +252,7 @@ func (c *Conn) servedLocked() error {
 }
 
 // readEndLocked completes our read request (poller).
-func (c *Conn) readEndLocked(seq int) error {
+func (c *rdmaConn) readEndLocked(seq int) error {
 	q := &c.rdv.req
 	if !q.active || q.landed || uint32(seq) != q.seq&maxLen {
 		return fmt.Errorf("%w: end of read request %d, none such outstanding", errProtocol, seq)
@@ -282,7 +282,7 @@ const minRdvRequest = bufpool.DefaultMinSize
 // stream is stuck. A budget shortage slows a stream down to a page per
 // round trip; it never breaks it. It returns the buffer and the bytes to
 // ask for.
-func (c *Conn) rendezvousDest(k int) (*bufpool.Buffer, int, error) {
+func (c *rdmaConn) rendezvousDest(k int) (*bufpool.Buffer, int, error) {
 	const access = transport.AccessLocalWrite | transport.AccessRemoteWrite
 	for n := k; ; n = max(n/2, minRdvRequest) {
 		dst, err := c.pool.Get(bufpool.Owner(c.id), n, access)
@@ -317,7 +317,7 @@ func (c *Conn) rendezvousDest(k int) (*bufpool.Buffer, int, error) {
 // head of the stream: it asks for the next part when no request is out,
 // waits for it to land, then copies. c.rmu and c.mu are held; done
 // reports whether Read should return (n, err), else it waits and retries.
-func (c *Conn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
+func (c *rdmaConn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
 	a := &c.rdv.in[0]
 	q := &c.rdv.req
 	if !q.active {
@@ -386,7 +386,7 @@ func (c *Conn) readRendezvousLocked(b []byte) (n int, err error, done bool) {
 // the bound the reader stops spilling and waits, as TCP's receiver does
 // with a full window: memory stays bounded, and a legitimate peer, whose
 // reader a single spill unblocks, never comes near it.
-func (c *Conn) spillLocked() {
+func (c *rdmaConn) spillLocked() {
 	spilled := false
 	for ring := range c.rx {
 		r := &c.rx[ring]
@@ -416,7 +416,7 @@ func (c *Conn) spillLocked() {
 // maxSpillLocked bounds the bytes held in spill copies at once: what the
 // receive rings hold, so a connection's peer-driven memory is at most
 // twice its rings.
-func (c *Conn) maxSpillLocked() int {
+func (c *rdmaConn) maxSpillLocked() int {
 	n := c.o.slotSize * c.o.slotCount
 	if c.rx[large].buf != nil {
 		n += c.rx[large].size * c.rx[large].count
@@ -425,7 +425,7 @@ func (c *Conn) maxSpillLocked() int {
 }
 
 // releaseRendezvous gives back the memory of transfers cut short.
-func (c *Conn) releaseRendezvous() {
+func (c *rdmaConn) releaseRendezvous() {
 	for _, a := range c.rdv.out {
 		a.buf.Release()
 	}

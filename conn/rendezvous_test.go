@@ -88,7 +88,7 @@ func testRendezvousBothWaysVectored(t *testing.T) {
 	va, wa := mk()
 	vb, wb := mk()
 	errc := make(chan error, 4)
-	read := func(c *Conn, want []byte) {
+	read := func(c *rdmaConn, want []byte) {
 		got := make([]byte, len(want))
 		_, err := io.ReadFull(c, got)
 		if err == nil && !bytes.Equal(got, want) {
@@ -105,7 +105,7 @@ func testRendezvousBothWaysVectored(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		if s := c.Stats(); s.Rendezvous != 2 || s.SendPhase != "large" || s.BadRecords != 0 {
 			t.Fatalf("%d adverts in phase %s, %d bad records; want 2 in large, none bad", s.Rendezvous, s.SendPhase, s.BadRecords)
 		}
@@ -260,7 +260,7 @@ func TestRendezvousForgedReadRequests(t *testing.T) {
 	}
 }
 
-func waitAdvert(t *testing.T, c *Conn) inAdvert {
+func waitAdvert(t *testing.T, c *rdmaConn) inAdvert {
 	t.Helper()
 	var a inAdvert
 	testutil.Eventually(t, 10*time.Second, "an advertisement to arrive", testutil.Bool(func() bool {

@@ -67,7 +67,7 @@ type rpcState struct {
 	span trace.Span
 
 	mu      sync.Mutex
-	c       *Conn // once the RPC is on a connection
+	c       *connCore // once the RPC is on a connection
 	ended   bool
 	flushed bool // the stalls are on the span
 	// The connection's stall counters when the RPC started on it.
@@ -121,19 +121,9 @@ func (st *rpcState) attach(remote net.Addr) {
 	if st.c != nil || st.ended {
 		return
 	}
-	st.c = c
-	attrs := []attribute.KeyValue{telemetry.KeyConnID.Int64(int64(c.id)), telemetry.KeyProvider.String(c.st.Provider)}
-	if c.tcp == nil {
-		c.mu.Lock()
-		phase := telemetry.Small
-		if c.sending == large {
-			phase = telemetry.Large
-		}
-		c.mu.Unlock()
-		attrs = append(attrs, telemetry.KeyPhase.String(phase))
-	}
-	st.span.SetAttributes(attrs...)
-	r := &c.rpcs
+	st.c = c.core()
+	st.span.SetAttributes(c.rpcAttrs()...)
+	r := &st.c.rpcs
 	r.mu.Lock()
 	st.stalls, st.stallWait = r.stalls.Load(), r.stallWait.Load()
 	r.inflight = append(r.inflight, st)
@@ -188,17 +178,17 @@ type rpcTrack struct {
 
 // rpcsInFlight says a transport event has RPC spans to go on: call sites
 // build their attributes only then.
-func (c *Conn) rpcsInFlight() bool { return c.rpcs.n.Load() > 0 }
+func (c *connCore) rpcsInFlight() bool { return c.rpcs.n.Load() > 0 }
 
 // stalled accounts a credit stall that waited d.
-func (c *Conn) stalled(d time.Duration) {
+func (c *connCore) stalled(d time.Duration) {
 	c.rpcs.stalls.Add(1)
 	c.rpcs.stallWait.Add(int64(d))
 }
 
 // rpcEvent adds a transport event that ended at end to the spans of the
 // RPCs in flight, with a link to the event's own span when it has one.
-func (c *Conn) rpcEvent(name string, end time.Time, link trace.SpanContext, attrs ...attribute.KeyValue) {
+func (c *connCore) rpcEvent(name string, end time.Time, link trace.SpanContext, attrs ...attribute.KeyValue) {
 	if link.IsValid() {
 		// Which link is this event's: the span it leads to.
 		attrs = append(attrs, telemetry.KeyLinkSpan.String(link.SpanID().String()))
@@ -216,7 +206,7 @@ func (c *Conn) rpcEvent(name string, end time.Time, link trace.SpanContext, attr
 
 // rpcLinks are links to the spans of the RPCs in flight, for a transport
 // event's span that starts now.
-func (c *Conn) rpcLinks() []trace.Link {
+func (c *connCore) rpcLinks() []trace.Link {
 	r := &c.rpcs
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -236,14 +226,38 @@ const maxRPCLinks = 64
 // connection's, and they are always comparable.
 var liveConns = struct {
 	sync.Mutex
-	m map[net.Addr]*Conn
-}{m: map[net.Addr]*Conn{}}
+	m map[net.Addr]tracked
+}{m: map[net.Addr]tracked{}}
+
+// tracked is a connection that StatsHandler and StatsFromContext find by
+// its remote address: over RDMA or over TCP.
+type tracked interface {
+	core() *connCore
+	Stats() Stats
+	rpcAttrs() []attribute.KeyValue // what an RPC span on it is given
+}
+
+func (c *connCore) core() *connCore { return c }
+
+func (c *rdmaConn) rpcAttrs() []attribute.KeyValue {
+	c.mu.Lock()
+	phase := telemetry.Small
+	if c.sending == large {
+		phase = telemetry.Large
+	}
+	c.mu.Unlock()
+	return []attribute.KeyValue{telemetry.KeyConnID.Int64(int64(c.id)), telemetry.KeyProvider.String(c.st.Provider), telemetry.KeyPhase.String(phase)}
+}
+
+func (c *tcpConn) rpcAttrs() []attribute.KeyValue {
+	return []attribute.KeyValue{telemetry.KeyConnID.Int64(int64(c.id)), telemetry.KeyProvider.String(c.provider)}
+}
 
 func byIdentity(a net.Addr) bool {
 	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer
 }
 
-func (c *Conn) track() {
+func (c *rdmaConn) track() {
 	a := c.RemoteAddr()
 	if !byIdentity(a) {
 		return
@@ -255,7 +269,7 @@ func (c *Conn) track() {
 
 // trackAs makes c found by a too: the RemoteAddr of the dial's Conn
 // whose negotiation upgraded to c (lazy.go), which grpc-go holds.
-func (c *Conn) trackAs(a net.Addr) {
+func (c *rdmaConn) trackAs(a net.Addr) {
 	if !byIdentity(a) {
 		return
 	}
@@ -265,7 +279,7 @@ func (c *Conn) trackAs(a net.Addr) {
 	liveConns.Unlock()
 }
 
-func (c *Conn) untrack() {
+func (c *rdmaConn) untrack() {
 	liveConns.Lock()
 	defer liveConns.Unlock()
 	var alias net.Addr
@@ -273,13 +287,31 @@ func (c *Conn) untrack() {
 		alias = c.ends.alias
 	}
 	for _, a := range [...]net.Addr{c.RemoteAddr(), alias} {
-		if byIdentity(a) && liveConns.m[a] == c {
+		if byIdentity(a) && liveConns.m[a] == tracked(c) {
 			delete(liveConns.m, a)
 		}
 	}
 }
 
-func lookupConn(a net.Addr) *Conn {
+// track and untrack a connection over TCP (its Conn is found by its
+// socket's address; a dial that upgrades is found by it too: trackAs).
+func (c *tcpConn) track() {
+	if a := c.nc.RemoteAddr(); byIdentity(a) {
+		liveConns.Lock()
+		liveConns.m[a] = c
+		liveConns.Unlock()
+	}
+}
+
+func (c *tcpConn) untrack() {
+	liveConns.Lock()
+	defer liveConns.Unlock()
+	if a := c.nc.RemoteAddr(); byIdentity(a) && liveConns.m[a] == tracked(c) {
+		delete(liveConns.m, a)
+	}
+}
+
+func lookupConn(a net.Addr) tracked {
 	if !byIdentity(a) {
 		return nil
 	}

@@ -35,7 +35,7 @@ import (
 // old ring is still being drained is served once it is gone.
 
 // armShrinkLocked (re)arms the shrink timer of an enlarged direction.
-func (c *Conn) armShrinkLocked() {
+func (c *rdmaConn) armShrinkLocked() {
 	d := c.shrinkAfter()
 	if d <= 0 || !c.enl.peerKeepsSmall || c.closed {
 		return
@@ -46,7 +46,7 @@ func (c *Conn) armShrinkLocked() {
 
 // shrinkIfIdle runs on the shrink timer: it shrinks the sending direction
 // when it is idle and can be shrunk now, or re-arms the timer.
-func (c *Conn) shrinkIfIdle() {
+func (c *rdmaConn) shrinkIfIdle() {
 	if !c.wmu.TryLock() {
 		// A write is in progress: not idle. Close also holds c.wmu for
 		// its teardown; it set closed first, which the re-arm checks.
@@ -87,7 +87,7 @@ var errShrinkBusy = errors.New("conn: shrink: no credit in the peer's large ring
 // shrinkLocked takes the sending direction back to the small phase.
 // c.wmu and c.mu are held, the direction is large and every large write
 // has completed.
-func (c *Conn) shrinkLocked() error {
+func (c *rdmaConn) shrinkLocked() error {
 	start := time.Now()
 	t := &c.tx[large]
 	from, to := t.size, c.tx[small].size
@@ -136,7 +136,7 @@ func (c *Conn) shrinkLocked() error {
 
 // shrinkTelemetryLocked: the span (linked to the RPCs in flight), the
 // metric, and the event on those RPCs' spans (linked to the span).
-func (c *Conn) shrinkTelemetryLocked(side, reason string, start time.Time, d time.Duration, from, to int) {
+func (c *rdmaConn) shrinkTelemetryLocked(side, reason string, start time.Time, d time.Duration, from, to int) {
 	var links []trace.Link
 	inflight := c.rpcsInFlight()
 	if inflight {
@@ -153,7 +153,7 @@ func (c *Conn) shrinkTelemetryLocked(side, reason string, start time.Time, d tim
 // retireLargeLocked is the peer's shrink record arrived (poller): the
 // large receive ring takes nothing more and goes once drained. climb: the
 // writer steps up the ladder rather than shrinking.
-func (c *Conn) retireLargeLocked(climb bool) error {
+func (c *rdmaConn) retireLargeLocked(climb bool) error {
 	if err := c.enl.shrinkRecord(climb, time.Now()); err != nil {
 		return err
 	}
@@ -166,7 +166,7 @@ var errShrinkNoRing = errors.New("shrink record with no large ring in use")
 
 // noteWrite marks the end of a Write for the idle shrink (only where it
 // is on: a clock read per Write otherwise for nothing).
-func (c *Conn) noteWrite() {
+func (c *rdmaConn) noteWrite() {
 	if c.o.idleShrink > 0 {
 		c.lastWrite.Store(time.Now().UnixNano())
 	}
@@ -175,14 +175,14 @@ func (c *Conn) noteWrite() {
 // ringsConsumedLocked gives back receive rings whose last use was just
 // consumed: the small one after an enlargement (WithFreeSmallOnEnlarge),
 // a large one the writer shrank away from. Call it after consuming.
-func (c *Conn) ringsConsumedLocked() {
+func (c *rdmaConn) ringsConsumedLocked() {
 	c.maybeFreeSmallLocked()
 	c.maybeDropLargeLocked()
 }
 
 // maybeDropLargeLocked deregisters a retiring large receive ring once the
 // reader consumed everything in it. Call it after consuming from it.
-func (c *Conn) maybeDropLargeLocked() {
+func (c *rdmaConn) maybeDropLargeLocked() {
 	r := &c.rx[large]
 	if !c.enl.draining() || !r.drained() {
 		return

@@ -18,13 +18,13 @@ import (
 )
 
 // both moves 256 KiB each way between a and b, checked.
-func both(t *testing.T, a, b *Conn) {
+func both(t *testing.T, a, b *rdmaConn) {
 	t.Helper()
 	transfer(t, a, b, random(256<<10), writeAll(a))
 	transfer(t, b, a, random(256<<10), writeAll(b))
 }
 
-func registered(c *Conn) int64 { return c.Stats().RegisteredBytes }
+func registered(c *rdmaConn) int64 { return c.Stats().RegisteredBytes }
 
 // After d of no traffic both directions go back to small, and each side
 // holds its idle 8 KiB again; the next large write enlarges afresh.
@@ -42,7 +42,7 @@ func TestShrinkOnIdle(t *testing.T) {
 	if lag > d+time.Second {
 		t.Errorf("shrunk %v after the last write, want about %v", lag, d)
 	}
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		s := c.Stats()
 		if s.Shrinks != 1 || s.ShrinksServed != 1 || s.SendPhase != "small" || s.RecvPhase != "small" || s.SendPhaseIndex != 0 {
 			t.Errorf("after the shrink: %d shrinks, %d served, phases %q/%q (index %d); want 1, 1, small, small, 0",
@@ -50,7 +50,7 @@ func TestShrinkOnIdle(t *testing.T) {
 		}
 	}
 	both(t, a, b)
-	for _, c := range []*Conn{a, b} {
+	for _, c := range []*rdmaConn{a, b} {
 		if s := c.Stats(); s.Enlargements != 2 || s.EnlargementsServed != 2 || s.SendPhaseIndex != 1 {
 			t.Errorf("after more large writes: %d enlargements, %d served, phase %d; want 2, 2, 1", s.Enlargements, s.EnlargementsServed, s.SendPhaseIndex)
 		}
@@ -136,7 +136,7 @@ func TestShrinkRacingWrites(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
-	for i, pair := range [][2]*Conn{{a, b}, {b, a}} {
+	for i, pair := range [][2]*rdmaConn{{a, b}, {b, a}} {
 		seed := uint64(i + 1)
 		wg.Go(func() { errs <- shrinkStream(seed, total, d, pair[0]) })
 		wg.Go(func() { errs <- shrinkCheck(seed, total, pair[1]) })

@@ -85,7 +85,7 @@ const (
 
 // soakWrite sends n messages on c; deadlines (soakWriteDeadline) may
 // stop it with a time-out, a close with an error.
-func soakWrite(c *Conn, rng *rand.Rand, n, mode int, f *soakFigures) error {
+func soakWrite(c *rdmaConn, rng *rand.Rand, n, mode int, f *soakFigures) error {
 	hdr := make([]byte, soakHdr)
 	for i := range n {
 		size := soakSize(rng)
@@ -117,7 +117,7 @@ func soakWrite(c *Conn, rng *rand.Rand, n, mode int, f *soakFigures) error {
 // soakRead reads and checks n messages from c. Read deadlines
 // (soakReadDeadline) are set short now and then; a time-out is counted and
 // reading goes on where it stopped.
-func soakRead(c *Conn, rng *rand.Rand, n, mode int, f *soakFigures) error {
+func soakRead(c *rdmaConn, rng *rand.Rand, n, mode int, f *soakFigures) error {
 	buf := make([]byte, 2*DefaultRendezvousChunk+soakHdr)
 	readFull := func(b []byte) error {
 		for got := 0; got < len(b); {
@@ -193,7 +193,7 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 		return err
 	}
 	f.conns.Add(1)
-	a, b := ca.(*Conn), cb.(*Conn)
+	a, b := unwrap(t, ca), unwrap(t, cb)
 	n := 4 + rng.IntN(16)
 	if mode == soakCloseAfterWrite {
 		return soakLinger(a, b, rng, n, f, seed)
@@ -203,7 +203,7 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 		err  error
 	}
 	res := make(chan result, 4)
-	for _, d := range [][2]*Conn{{a, b}, {b, a}} {
+	for _, d := range [][2]*rdmaConn{{a, b}, {b, a}} {
 		ws, rs := rng.Uint64(), rng.Uint64()
 		go func() { res <- result{"write", soakWrite(d[0], rand.New(rand.NewPCG(ws, 2)), n, mode, f)} }()
 		// Both directions draw the same sizes: the reader's generator
@@ -213,7 +213,7 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 	closed := false
 	if mode == soakClose {
 		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond) // a random moment of the traffic
-		victim := []*Conn{a, b}[rng.IntN(2)]
+		victim := []*rdmaConn{a, b}[rng.IntN(2)]
 		f.closes.Add(1)
 		closed = true
 		victim.Close()
@@ -261,7 +261,7 @@ func soakSession(t *testing.T, seed uint64, f *soakFigures, budget *bufpool.Budg
 	return soakErr
 }
 
-func soakCount(f *soakFigures, cs ...*Conn) {
+func soakCount(f *soakFigures, cs ...*rdmaConn) {
 	for _, c := range cs {
 		s := c.Stats()
 		f.enlargements.Add(int64(s.Enlargements))
@@ -275,7 +275,7 @@ func soakCount(f *soakFigures, cs ...*Conn) {
 
 // soakLinger: a writes n messages and closes at once; b, reading, gets
 // them all, then io.EOF.
-func soakLinger(a, b *Conn, rng *rand.Rand, n int, f *soakFigures, seed uint64) error {
+func soakLinger(a, b *rdmaConn, rng *rand.Rand, n int, f *soakFigures, seed uint64) error {
 	ws, rs := rng.Uint64(), rng.Uint64()
 	done := make(chan error, 1)
 	go func() {
@@ -387,7 +387,7 @@ func TestSoak(t *testing.T) {
 }
 
 // debugState is what a stuck session reports of each side.
-func (c *Conn) debugState() string {
+func (c *rdmaConn) debugState() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return fmt.Sprintf("sending=%d phase=%s waiting=%v reqSeq=%d reqIn=%d serving=%v err=%v closed=%v eofIn=%v recordOut=%v ctlPending=%d creditOut=%v\n"+

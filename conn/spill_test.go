@@ -108,7 +108,7 @@ func TestSpillBounded(t *testing.T) {
 
 // creditWaiting is an Eventually condition: c's writer waits for credits,
 // with no more than the one kept for control records left.
-func creditWaiting(c *Conn) func() (bool, string) {
+func creditWaiting(c *rdmaConn) func() (bool, string) {
 	return func() (bool, string) {
 		c.mu.Lock()
 		defer c.mu.Unlock()

@@ -47,12 +47,12 @@ const maxLearned = (1<<16 - 1) * time.Microsecond
 
 // learns says whether this connection's budget is learned: no for a
 // ceiling of 0 (it never spins) or beyond maxLearned.
-func (c *Conn) learns() bool { return c.o.pollSpin > 0 && c.o.pollSpin <= maxLearned }
+func (c *rdmaConn) learns() bool { return c.o.pollSpin > 0 && c.o.pollSpin <= maxLearned }
 
 // spinBudget is how long to spin now: 0 in a quiet period that opened
 // while the host was busy (hostload.Busy). Called by whoever holds the polling
 // role, as are the other methods here: the budget is theirs.
-func (c *Conn) spinBudget() time.Duration {
+func (c *rdmaConn) spinBudget() time.Duration {
 	if c.pl.sleeping {
 		return 0
 	}
@@ -61,7 +61,7 @@ func (c *Conn) spinBudget() time.Duration {
 
 // learnedBudget is how long a spin may last, whether or not the open
 // quiet period spins.
-func (c *Conn) learnedBudget() time.Duration {
+func (c *rdmaConn) learnedBudget() time.Duration {
 	ceil := c.o.pollSpin
 	if !c.learns() {
 		return ceil
@@ -76,7 +76,7 @@ func (c *Conn) learnedBudget() time.Duration {
 	return min(time.Duration(c.pl.spinUS)*time.Microsecond, ceil)
 }
 
-func (c *Conn) setSpin(b time.Duration) {
+func (c *rdmaConn) setSpin(b time.Duration) {
 	b = max(min(b, c.o.pollSpin), min(spinFloor, c.o.pollSpin), time.Microsecond)
 	c.pl.spinUS = uint16(b / time.Microsecond)
 	spinHint.Store(uint32(c.pl.spinUS))
@@ -86,11 +86,11 @@ func (c *Conn) setSpin(b time.Duration) {
 // host is busy (hostload): unless its spin is not learned (none, or one
 // asked for beyond maxLearned) or WithSpinOnBusyHost asked to spin
 // regardless.
-func (c *Conn) yieldsToHost() bool { return c.learns() && !c.o.spinOnBusy }
+func (c *rdmaConn) yieldsToHost() bool { return c.learns() && !c.o.spinOnBusy }
 
 // spinQuiet marks the start of a quiet period, unless one is open, and
 // says whether it spins.
-func (c *Conn) spinQuiet() {
+func (c *rdmaConn) spinQuiet() {
 	if c.pl.quietAt == 0 {
 		c.pl.quietAt = spinClock()
 		c.pl.sleeping = c.yieldsToHost() && hostload.Busy()
@@ -98,7 +98,7 @@ func (c *Conn) spinQuiet() {
 }
 
 // spinTimedOut is a spin that ran out of budget.
-func (c *Conn) spinTimedOut() {
+func (c *rdmaConn) spinTimedOut() {
 	if !c.learns() || c.pl.sleeping {
 		return // nothing to learn, nor to tell the other connections
 	}
@@ -107,9 +107,9 @@ func (c *Conn) spinTimedOut() {
 
 // spinQuietEnded is a completion (or the event a waiter waited for): it
 // ends the open quiet period, if any, and learns from its length.
-func (c *Conn) spinQuietEnded() { c.spinQuietEndedAt(spinClock()) }
+func (c *rdmaConn) spinQuietEnded() { c.spinQuietEndedAt(spinClock()) }
 
-func (c *Conn) spinQuietEndedAt(now uint32) {
+func (c *rdmaConn) spinQuietEndedAt(now uint32) {
 	if c.pl.quietAt == 0 || !c.learns() {
 		return
 	}

@@ -7,13 +7,13 @@ import (
 
 // spinConn is a connection with ceiling as its WithPollSpin, for the
 // budget's rules alone (no queue is polled).
-func spinConn(ceiling time.Duration) *Conn {
-	return &Conn{o: &options{pollSpin: ceiling}}
+func spinConn(ceiling time.Duration) *rdmaConn {
+	return &rdmaConn{connCore: connCore{o: &options{pollSpin: ceiling}}}
 }
 
 // quietFor is a quiet period of d, from its start to the completion
 // that ends it, as the spin clock reads them.
-func quietFor(c *Conn, d time.Duration) {
+func quietFor(c *rdmaConn, d time.Duration) {
 	c.pl.quietAt = 1001
 	c.spinQuietEndedAt(1001 + uint32(d/time.Microsecond))
 }

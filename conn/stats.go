@@ -98,17 +98,9 @@ type Stats struct {
 }
 
 // Stats returns the connection's counters.
-func (c *Conn) Stats() Stats {
-	if c.tcp != nil && c.tcp.neg != nil {
-		if s, ok := c.statsBehind(); ok {
-			return s
-		}
-	}
+func (c *rdmaConn) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.tcp != nil {
-		return Stats{Provider: c.st.Provider, ProviderReason: c.st.ProviderReason}
-	}
 	if !c.opened.Load() && !c.closed && c.err == nil {
 		// An early dial the listener has not answered yet (Handshake
 		// waits for that; Stats never waits on a peer).
@@ -133,22 +125,10 @@ func (c *Conn) Stats() Stats {
 	return s
 }
 
-// SetupSteps is how long each step of the provider's part of the dial
-// took, in order (verbs: rdma_cm's; transport.SetupTimer), on the dialing
-// side; nil on the listening side, over TCP, and on providers that do not
-// time them. A method, not a field of Stats: every Conn holds a Stats.
-func (c *Conn) SetupSteps() []transport.SetupStep {
-	if c.tcp != nil && c.tcp.neg != nil {
-		if r, err := c.tcp.neg.wait(context.Background(), waitNoDeadline); err == nil && r != nil {
-			return r.SetupSteps()
-		}
-		return nil
-	}
+// SetupSteps: the QP's, once the connection opened (transport.SetupTimer).
+func (c *rdmaConn) SetupSteps() []transport.SetupStep {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.tcp != nil {
-		return nil
-	}
 	c.awaitOpenLocked(context.Background(), time.Time{})
 	if t, ok := c.qp.(transport.SetupTimer); ok {
 		return t.SetupSteps()

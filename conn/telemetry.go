@@ -34,7 +34,7 @@ var telemetryOutcomes = [...]telemetry.Outcome{
 // process.pid) it names one connection end on a host. A dial whose
 // upgrade is negotiated behind its TCP connection keeps its ID: the
 // upgraded connection takes the dial's.
-func (c *Conn) ID() uint64 { return c.id }
+func (c *rdmaConn) ID() uint64 { return c.id }
 
 // connIDKey carries a dial's ID to the RDMA connection its negotiation
 // makes (newConn), so that the dial's Conn and the connection it hands
@@ -57,7 +57,7 @@ var errPeerRefused = errors.New("peer refused to provision large buffers")
 
 // endEnlargeTelemetryLocked ends the sender's enlargement span with the
 // outcome finishEnlargeLocked recorded, and the reason of a failure.
-func (c *Conn) endEnlargeTelemetryLocked(outcome int) {
+func (c *rdmaConn) endEnlargeTelemetryLocked(outcome int) {
 	var reason error
 	switch outcome {
 	case outcomeRefused:
@@ -78,7 +78,7 @@ func (c *Conn) endEnlargeTelemetryLocked(outcome int) {
 // abortEnlargeTelemetryLocked ends a sender's enlargement span that
 // enlarge left without an outcome: the write's deadline passed, the
 // connection closed or failed. The next large write starts a new one.
-func (c *Conn) abortEnlargeTelemetryLocked() {
+func (c *rdmaConn) abortEnlargeTelemetryLocked() {
 	if c.enl.tel == nil {
 		return
 	}
@@ -92,7 +92,7 @@ func (c *Conn) abortEnlargeTelemetryLocked() {
 
 // endServeTelemetryLocked ends the receiver's enlargement span once the
 // answer is posted: served with the large ring, or refused.
-func (c *Conn) endServeTelemetryLocked(tel *telemetry.Enlargement, arrived time.Time) {
+func (c *rdmaConn) endServeTelemetryLocked(tel *telemetry.Enlargement, arrived time.Time) {
 	if tel == nil {
 		return
 	}
@@ -116,7 +116,7 @@ func (c *Conn) endServeTelemetryLocked(tel *telemetry.Enlargement, arrived time.
 }
 
 // telemetrySnapshot is what the gauges read, at collection time.
-func (c *Conn) telemetrySnapshot() telemetry.Snapshot {
+func (c *rdmaConn) telemetrySnapshot() telemetry.Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := telemetry.Snapshot{
@@ -138,7 +138,7 @@ func bufLen(b *bufpool.Buffer) int64 {
 
 // endTelemetry ends the connection span; a connection reset or broken by
 // its peer (abortLocked) ends it in error.
-func (c *Conn) endTelemetry() {
+func (c *rdmaConn) endTelemetry() {
 	if c.tel == nil {
 		return
 	}

@@ -153,7 +153,7 @@ func hostPort(t *testing.T, a net.Addr) (string, int) {
 }
 
 // peerAttrs are the attributes every child span of c carries.
-func peerAttrs(t *testing.T, c *Conn) map[string]any {
+func peerAttrs(t *testing.T, c *rdmaConn) map[string]any {
 	host, port := hostPort(t, c.RemoteAddr())
 	return map[string]any{
 		"rdmagrpc.connection.id": c.id, "network.transport": "rdma",
@@ -255,7 +255,7 @@ func TestTelemetryScriptedWorkload(t *testing.T) {
 	}
 	for _, x := range []struct {
 		role string
-		c    *Conn
+		c    *rdmaConn
 	}{{"client", a}, {"server", b}} {
 		s := byRole[x.role]
 		if s == nil {
@@ -390,7 +390,7 @@ func checkPoints(t *testing.T, when string, m map[string]map[string]int64, name 
 // the enlargement allocates exactly what it does with telemetry off.
 func TestTelemetryNoAllocsPerWrite(t *testing.T) {
 	noTelemetry := func(o *options) { o.noTelemetry = true }
-	enlarged := func(a, b *Conn) func() {
+	enlarged := func(a, b *rdmaConn) func() {
 		transfer(t, a, b, random(40<<10), writeAll(a)) // enlarge
 		if a.Stats().Enlargements != 1 {
 			t.Fatal("not enlarged")
@@ -434,7 +434,7 @@ func TestTelemetryNoAllocsPerWrite(t *testing.T) {
 
 	// The hooks the write path calls (a credit stall, an advert sent),
 	// directly: zero, with no provider and with explicit no-op providers.
-	hooks := func(c *Conn) float64 {
+	hooks := func(c *rdmaConn) float64 {
 		return testing.AllocsPerRun(1000, func() {
 			c.tel.CreditStall()
 			c.tel.RendezvousOut(1 << 20)
