@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
+	"github.com/rdmagrpc/rdmagrpc/internal/testutil"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 	"github.com/rdmagrpc/rdmagrpc/transport/fault"
 )
@@ -248,14 +249,14 @@ func TestWriteDeadlineWhileWaitingForAck(t *testing.T) {
 func TestCloseUnblocksWriteWaitingForAck(t *testing.T) {
 	h := faults.MustAdd(fault.Rule{Op: fault.OpPostSend, Action: fault.ActDrop, Match: isRecord(recAck)})
 	defer h.Remove()
-	a, b, _, err := pipe(t, WithProvider(faults.Name()), WithAckTimeout(10*time.Second, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, _ := conns(t, WithProvider(faults.Name()), WithAckTimeout(10*time.Second, 0))
 	errc := make(chan error, 1)
 	go func() { _, err := a.Write(random(64 << 10)); errc <- err }()
-	time.Sleep(50 * time.Millisecond) // fixed: the write must be blocked when Close comes
+	testutil.Eventually(t, 10*time.Second, "the write waits for the ack", testutil.Bool(func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.enl.waiting && a.enl.reqSeq > 0
+	}))
 	a.Close()
 	select {
 	case err := <-errc:
