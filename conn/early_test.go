@@ -214,8 +214,12 @@ func TestEarlyDialsBounded(t *testing.T) {
 		t.Fatalf("dial after an answer: %v", err)
 	}
 	conns = append(conns, c)
-	if _, ok := c.(*Conn).rdma.qp.(transport.EarlyQP); !ok {
-		t.Fatalf("the dial after an answer waited for its own: its QP is a %T", c.(*Conn).rdma.qp)
+	r := c.(*Conn).rdma
+	if r == nil {
+		t.Fatal("the dial after an answer negotiated over TCP: it did not go to the listener it knew")
+	}
+	if _, ok := r.qp.(transport.EarlyQP); !ok {
+		t.Fatalf("the dial after an answer waited for its own: its QP is a %T", r.qp)
 	}
 }
 

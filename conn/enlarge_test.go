@@ -46,6 +46,9 @@ func unwrap(t testing.TB, nc net.Conn) *rdmaConn {
 	if c.rdma != nil {
 		return c.rdma
 	}
+	if c.tcp.neg == nil {
+		t.Fatalf("the connection is over TCP: %s", c.Stats().ProviderReason)
+	}
 	r, err := c.tcp.settled(context.Background())
 	if err != nil {
 		t.Fatalf("the dial's negotiation: %v", err)

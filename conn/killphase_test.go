@@ -112,7 +112,7 @@ func TestPeerKilledInEachPhase(t *testing.T) {
 			if nc == nil {
 				t.Fatal("accept failed")
 			}
-			c := nc.(*Conn).rdma
+			c := unwrap(t, nc)
 			if tc.phase == "enlarging-peer-waits" {
 				c.mu.Lock()
 				c.enl.serving = true // muted

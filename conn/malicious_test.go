@@ -253,7 +253,7 @@ func TestMaliciousPeer(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.release = append(e.release, stop)
-			other := c2.(*Conn).rdma
+			other := unwrap(t, c2)
 			ring := other.rx[small].buf
 			before := snapshot(ring)
 			waitingForAck(t, e)
