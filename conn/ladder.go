@@ -26,8 +26,6 @@ const (
 	// seconds climb, registering 2 MiB more on each side at an arbitrary
 	// moment long after its traffic warmed up.
 	climbWindow = time.Second
-	// shrinkClimb, in a shrink record's addr: a step up, not a shrink.
-	shrinkClimb = 1
 )
 
 // epoch is what stallsFrom counts from.

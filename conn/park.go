@@ -44,15 +44,9 @@ import (
 // HCA) does not offer parking in its hello, and its peer never parks. A
 // park to a receiver that did not offer it, or an answer nobody asked
 // for, is a protocol error.
-const (
-	// In a kindCredit message's length (credits carry length 0).
-	lenPark    = 1
-	lenResume  = 2 // the pages were released
-	lenDecline = 3 // the ring held unread data: nothing released
-	// Work request ids of those messages: not credit messages, whose
-	// completion lets the next credit message go.
-	idPark = idCtl | 1<<8
-)
+// idPark is the work request id of park messages: not credit messages,
+// whose completion lets the next credit message go.
+const idPark = idCtl | 1<<8
 
 // offersParks: our small ring's pages can go back while the connection
 // idles, so the peer may park its writes into it.

@@ -35,9 +35,6 @@ const (
 	// askAgain: a writer asked to shrink that stays busy gives up after
 	// this, and may be asked again then.
 	askAgain = time.Second
-	// reqTakesShrinkAsks, in a request's addr2: the requester shrinks
-	// when asked.
-	reqTakesShrinkAsks = 1
 )
 
 // holders are the connections holding a large receive ring, the

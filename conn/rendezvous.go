@@ -32,14 +32,6 @@ import (
 const (
 	// rdvRing marks a recvQ entry that is a rendezvous message.
 	rdvRing = 2
-	// maxAdverts bounds the messages one writer keeps advertised (and so
-	// its registered source memory): two let it copy the next chunk while
-	// the peer fetches the previous one.
-	maxAdverts = 2
-	// maxServing bounds read requests being written at once. A reader has
-	// one request outstanding; the holder may see its next one before it
-	// polled the completion of the previous.
-	maxServing = 4
 	// rdvSegment is the largest single RDMA write of a transfer.
 	rdvSegment = 1 << 20
 	// idRdv marks the work requests of a transfer (the holder's writes).

@@ -220,6 +220,34 @@ func decodeRecord(b []byte) (record, error) {
 
 var recordNames = [...]string{"", "enlargement request", "enlargement ack", "enlargement refusal", "rendezvous advert", "read request", "shrink", "shrink ask"}
 
-// ackKeepsSmall, in an ack's addr2: the acknowledging side keeps its
-// small ring, so the writer may shrink back to it later (shrink.go).
-const ackKeepsSmall = 1
+// Flags and values in records' fields, and in a kindCredit message's
+// length (doc/protocol.md, 4.3 and 4.6).
+const (
+	// ackKeepsSmall, in an ack's addr2: the acknowledging side keeps its
+	// small ring, so the writer may shrink back to it later (shrink.go).
+	ackKeepsSmall = 1
+	// reqTakesShrinkAsks, in a request's addr2: the requester shrinks
+	// when asked (pressure.go).
+	reqTakesShrinkAsks = 1
+	// shrinkClimb, in a shrink record's addr: a step up the ladder, not a
+	// shrink (ladder.go).
+	shrinkClimb = 1
+
+	// A kindCredit message's length: 0, credits only; else a park and
+	// its answers (park.go).
+	lenPark    = 1
+	lenResume  = 2 // the pages were released
+	lenDecline = 3 // the ring held unread data: nothing released
+)
+
+// The rendezvous limits a holder keeps to (doc/protocol.md, 4.7).
+const (
+	// maxAdverts bounds the messages one writer keeps advertised (and so
+	// its registered source memory): two let it copy the next chunk while
+	// the peer fetches the previous one.
+	maxAdverts = 2
+	// maxServing bounds read requests being written at once. A reader has
+	// one request outstanding; the holder may see its next one before it
+	// polled the completion of the previous.
+	maxServing = 4
+)
