@@ -84,6 +84,8 @@ const (
 	sniffTimeout = 10 * time.Second
 	// maxReply bounds the reply payload a client reads.
 	maxReply = 1 << 10
+	// maxOffers bounds the offers of a reply 'O' (offer.go).
+	maxOffers = 4
 )
 
 // aLongTimeAgo is a deadline in the past: setting it wakes a blocked I/O.

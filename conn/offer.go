@@ -125,8 +125,8 @@ type offer struct {
 //
 //	host u64 | count u8 | count × (code u32 | length u8 | host:port)
 //
-// host is the listener's kernel (hostID, 0: not known).
-const maxOffers = 4
+// host is the listener's kernel (hostID, 0: not known); count is at
+// most maxOffers (negotiate.go).
 
 func encodeOffers(host uint64, codes []uint32, addrs []string) string {
 	b := binary.BigEndian.AppendUint64(nil, host)
