@@ -50,10 +50,13 @@ const clkTck = 100
 
 var state shared
 
+// epoch starts the monotonic clock of the samples.
+var epoch = time.Now()
+
 type shared struct {
 	forced atomic.Int32 // Force: 0 none, 1 idle, 2 busy
 	busy   atomic.Bool
-	at     atomic.Int64 // UnixNano of the last sample
+	at     atomic.Int64 // of the last sample: ns since epoch (monotonic)
 
 	mu    sync.Mutex // held by the one sampling, and by AddPeer/DropPeer
 	s     sampler
@@ -73,7 +76,9 @@ func Busy() bool {
 	if f := state.forced.Load(); f != 0 {
 		return f == 2
 	}
-	now := time.Now().UnixNano()
+	// One monotonic clock read: Busy is asked at every round of a spin,
+	// where time.Now's second (wall) reading was a tenth of the CPU.
+	now := int64(time.Since(epoch))
 	if at := state.at.Load(); now-at >= int64(Window) && state.mu.TryLock() {
 		if state.at.Load() == at {
 			state.at.Store(now)
@@ -155,7 +160,7 @@ type sampler struct {
 
 	// The last reading.
 	have bool
-	at   int64  // UnixNano
+	at   int64  // ns, on the caller's clock
 	host uint64 // busy ticks, every processor
 	self int64  // µs
 }
