@@ -16,12 +16,12 @@ import (
 // where the negotiation found no RDMA or a plain gRPC peer connected. It
 // implements net.Conn; CloseWrite, SetLinger, WriteBuffers, ReadOnReady,
 // Handshake, Stats, SetupSteps and ID are its additions.
-//
-// A Conn is one of two kinds for its whole life, an RDMA connection
-// (conn.go) or a TCP one (tcp.go); a dial whose negotiation runs behind
-// it is a TCP one that hands every call to the RDMA connection its
-// negotiation found, once there is one (lazy.go).
 type Conn struct {
+	// Exactly one is set, for the connection's whole life: an RDMA
+	// connection (conn.go) or a TCP one (tcp.go). A dial whose
+	// negotiation runs behind it is a TCP one that hands every call to
+	// the RDMA connection its negotiation found, once there is one
+	// (lazy.go).
 	rdma *rdmaConn
 	tcp  *tcpConn
 }
