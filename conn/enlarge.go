@@ -284,13 +284,13 @@ func (c *rdmaConn) recordLocked(r record) error {
 		c.enl.reqSize, c.enl.reqCount = int(r.size), int(r.count)
 		// Once Close set closed it waits on c.wg: a server started
 		// after that would outlive the connection's memory.
-		switch {
-		case !c.enl.requested(r.seq):
-		case c.closed:
-			c.enl.serverGone()
-		default:
-			c.wg.Add(1)
-			go c.serveEnlarge(time.Now())
+		if c.enl.requested(r.seq) {
+			if c.closed {
+				c.enl.serverGone()
+			} else {
+				c.wg.Add(1)
+				go c.serveEnlarge(time.Now())
+			}
 		}
 	case recAck, recRefuse:
 		if r.seq == 0 || r.seq > c.enl.reqSeq {
@@ -352,7 +352,6 @@ func (c *rdmaConn) serveEnlarge(arrived time.Time) {
 		var tel *telemetry.Enlargement // only the pass that provisions
 		// Still draining: refused below, not for good.
 		if c.enl.mayProvision(seq) {
-			c.enl.tryingAgain()
 			ph := c.o.phaseFor(c.enl.reqSize, c.enl.reqCount)
 			tel = c.tel.StartEnlargement(telemetry.Receiver, arrived, c.rx[small].size, ph.Size, ph.Count)
 			if c.rpcsInFlight() {

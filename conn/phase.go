@@ -142,7 +142,6 @@ func (p *recvPhase) provisioned()     { p.ring, p.rxRefused = ringProvisioned, n
 func (p *recvPhase) refuse(err error) { p.rxRefused = err }
 func (p *recvPhase) acks() bool       { return p.ring == ringProvisioned }
 func (p *recvPhase) serverGone()      { p.serving = false }
-func (p *recvPhase) tryingAgain()     { p.rxRefused = nil }
 
 // answeredUpTo notes request seq answered; done reports whether it was
 // the latest, so that the server may end (a later one came meanwhile

@@ -148,7 +148,6 @@ func TestRecvPhaseLargeRing(t *testing.T) {
 		t.Fatalf("after refusing 2: mayProvision(2) %v, (3) %v; want false, true", p.mayProvision(2), p.mayProvision(3))
 	}
 	p.requested(3)
-	p.tryingAgain()
 	p.provisioned()
 	if !p.acks() || p.rxRefused != nil || p.mayProvision(4) {
 		t.Fatalf("A: acks %v, refused %v, mayProvision %v", p.acks(), p.rxRefused, p.mayProvision(4))

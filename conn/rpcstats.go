@@ -257,15 +257,23 @@ func byIdentity(a net.Addr) bool {
 	return a != nil && reflect.TypeOf(a).Kind() == reflect.Pointer
 }
 
-func (c *rdmaConn) track() {
-	a := c.RemoteAddr()
-	if !byIdentity(a) {
-		return
+// trackAddr makes c found by a, where a's identity is the connection's.
+func trackAddr(a net.Addr, c tracked) {
+	if byIdentity(a) {
+		liveConns.Lock()
+		liveConns.m[a] = c
+		liveConns.Unlock()
 	}
-	liveConns.Lock()
-	liveConns.m[a] = c
-	liveConns.Unlock()
 }
+
+// untrackLocked stops a finding c, if it still does; liveConns is held.
+func untrackLocked(a net.Addr, c tracked) {
+	if byIdentity(a) && liveConns.m[a] == c {
+		delete(liveConns.m, a)
+	}
+}
+
+func (c *rdmaConn) track() { trackAddr(c.RemoteAddr(), c) }
 
 // trackAs makes c found by a too: the RemoteAddr of the dial's Conn
 // whose negotiation upgraded to c (lazy.go), which grpc-go holds.
@@ -282,33 +290,20 @@ func (c *rdmaConn) trackAs(a net.Addr) {
 func (c *rdmaConn) untrack() {
 	liveConns.Lock()
 	defer liveConns.Unlock()
-	var alias net.Addr
+	untrackLocked(c.RemoteAddr(), c)
 	if c.ends != nil {
-		alias = c.ends.alias
-	}
-	for _, a := range [...]net.Addr{c.RemoteAddr(), alias} {
-		if byIdentity(a) && liveConns.m[a] == tracked(c) {
-			delete(liveConns.m, a)
-		}
+		untrackLocked(c.ends.alias, c)
 	}
 }
 
 // track and untrack a connection over TCP (its Conn is found by its
 // socket's address; a dial that upgrades is found by it too: trackAs).
-func (c *tcpConn) track() {
-	if a := c.nc.RemoteAddr(); byIdentity(a) {
-		liveConns.Lock()
-		liveConns.m[a] = c
-		liveConns.Unlock()
-	}
-}
+func (c *tcpConn) track() { trackAddr(c.nc.RemoteAddr(), c) }
 
 func (c *tcpConn) untrack() {
 	liveConns.Lock()
 	defer liveConns.Unlock()
-	if a := c.nc.RemoteAddr(); byIdentity(a) && liveConns.m[a] == tracked(c) {
-		delete(liveConns.m, a)
-	}
+	untrackLocked(c.nc.RemoteAddr(), c)
 }
 
 func lookupConn(a net.Addr) tracked {

@@ -77,7 +77,7 @@ func Busy() bool {
 		return f == 2
 	}
 	// One monotonic clock read: Busy is asked at every round of a spin,
-	// where time.Now's second (wall) reading was a tenth of the CPU.
+	// and time.Now also reads the wall clock, which nothing here needs.
 	now := int64(time.Since(epoch))
 	if at := state.at.Load(); now-at >= int64(Window) && state.mu.TryLock() {
 		if state.at.Load() == at {
