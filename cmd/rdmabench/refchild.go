@@ -48,6 +48,7 @@ func refChild(args []string) int {
 	rings := fs.Bool("rings", false, "rendezvous off: every write through the rings")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this half to this file")
 	stats := fs.Bool("stats", false, "print the connection's message counts on stderr at the end")
+	spin := fs.Duration("spin", -1, "conn.WithPollSpin for this half (negative: conn's default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -70,6 +71,9 @@ func refChild(args []string) int {
 	}
 	if *rings {
 		opts = append(opts, conn.WithRendezvousThreshold(-1))
+	}
+	if *spin >= 0 {
+		opts = append(opts, conn.WithPollSpin(*spin))
 	}
 	ctx := context.Background()
 	var err error

@@ -13,12 +13,21 @@
 // The signals Linux offers host-wide (CPU pressure, the run queue, load
 // averages) count this process's spinning threads and its peer's, which
 // take a processor each on an idle host too, as load. So the count here
-// is of what strangers use: the host's busy time (/proc/stat) less this
-// process's CPU time (getrusage) less that of the local peer processes
-// its connections registered (AddPeer; /proc/PID/stat), over a window of
+// is of what strangers use: the host's user time (/proc/stat) less this
+// process's (getrusage) less that of the local peer processes its
+// connections registered (AddPeer; /proc/PID/stat), over a window of
 // Window. The host is busy while the strangers leave fewer than 1.5
 // processors free: one for a spinning thread, and half of one for the
 // rest of this process and its peer.
+//
+// Kernel time is left out, the host's and the processes' alike. Much of
+// it on a host running connections is their own traffic's, done outside
+// any of their threads: softirqs of the network stack, and with
+// Soft-RoCE the whole RDMA transport, run by kernel workers. Counted as a
+// stranger's, it made the host of a busy verbs connection look busy, and
+// the connection stopped spinning because of its own traffic. What a
+// CPU-bound neighbour takes is user time; a hypervisor's other guests
+// show as steal, which counts.
 //
 // A peer whose pid this process cannot see (another PID namespace) is
 // counted as a stranger: while it works hard, its peers here stop
@@ -153,7 +162,7 @@ func (st *shared) sample(now int64) bool {
 // zero value reads /proc and getrusage.
 type sampler struct {
 	procFS string       // "": /proc
-	selfFn func() int64 // nil: this process's CPU time, µs (getrusage)
+	selfFn func() int64 // nil: this process's user time, µs (getrusage)
 	hostFD int          // procFS/stat, open once; -1: unreadable
 	opened bool
 	buf    []byte
@@ -203,10 +212,10 @@ func (s *sampler) hostTicks() (uint64, int, bool) {
 }
 
 // parseStat reads /proc/stat's first line ("cpu  user nice system idle
-// iowait irq softirq steal ...") into busy ticks (all but idle and
-// iowait; steal counts, as time this host's processors were not ours),
-// and counts the "cpuN" lines that follow (in the part of the file
-// given).
+// iowait irq softirq steal ...") into busy ticks (user, nice and steal:
+// steal is time this host's processors were not ours; the kernel's
+// fields are left out, see the package doc), and counts the "cpuN" lines
+// that follow (in the part of the file given).
 func parseStat(b []byte) (busy uint64, cpus int, ok bool) {
 	line, rest, _ := bytes.Cut(b, []byte{'\n'})
 	f := bytes.Fields(line)
@@ -221,7 +230,7 @@ func parseStat(b []byte) (busy uint64, cpus int, ok bool) {
 		if err != nil {
 			return 0, 0, false
 		}
-		if i != 3 && i != 4 {
+		if i == 0 || i == 1 || i == 7 { // user, nice, steal
 			busy += n
 		}
 	}
@@ -236,7 +245,7 @@ func parseStat(b []byte) (busy uint64, cpus int, ok bool) {
 	return busy, cpus, cpus > 0
 }
 
-// procTicks reads pid's user and system time, in ticks.
+// procTicks reads pid's user time, in ticks.
 func (s *sampler) procTicks(pid int) (uint64, bool) {
 	b, err := os.ReadFile(s.root() + "/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -245,9 +254,9 @@ func (s *sampler) procTicks(pid int) (uint64, bool) {
 	return parseProcStat(b)
 }
 
-// parseProcStat reads utime and stime (fields 14 and 15) out of
-// /proc/PID/stat, whose second field (the command, in parentheses) may
-// hold spaces and parentheses of its own.
+// parseProcStat reads utime (field 14) out of /proc/PID/stat, whose
+// second field (the command, in parentheses) may hold spaces and
+// parentheses of its own.
 func parseProcStat(b []byte) (uint64, bool) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
@@ -258,12 +267,11 @@ func parseProcStat(b []byte) (uint64, bool) {
 	if len(f) < 13 {
 		return 0, false
 	}
-	u, err1 := strconv.ParseUint(string(f[11]), 10, 64)
-	s, err2 := strconv.ParseUint(string(f[12]), 10, 64)
-	if err1 != nil || err2 != nil {
+	u, err := strconv.ParseUint(string(f[11]), 10, 64)
+	if err != nil {
 		return 0, false
 	}
-	return u + s, true
+	return u, true
 }
 
 func (s *sampler) selfUS() int64 {
@@ -278,7 +286,7 @@ func rusageUS() int64 {
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
 	}
-	return ru.Utime.Nano()/1e3 + ru.Stime.Nano()/1e3
+	return ru.Utime.Nano() / 1e3
 }
 
 // Force makes Busy report busy, or not, whatever the host does, until
