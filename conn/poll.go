@@ -43,7 +43,9 @@ type pollState struct {
 	// connection learned, and when its queue last went quiet.
 	spinUS   uint16 // µs; 0: not learned yet
 	sleeping bool   // the open quiet period does not spin (hostload.Busy)
+	probing  bool   // the open quiet period spins the whole ceiling (spinProbeEvery)
 	quietAt  uint32 // µs on the spin clock; 0: not quiet
+	quiets   uint8  // quiet periods opened, counted for spinProbeEvery
 
 	// flags: plFlagWaiting, plFlagPosting, plFlagDeferred.
 	flags atomic.Uint32

@@ -28,7 +28,19 @@ import (
 // fast, so spinning would have caught it (without this a connection whose
 // answers take longer than the floor would never spin again). New
 // connections start from what the process's connections learned last.
-const spinFloor = 10 * time.Microsecond
+//
+// A quiet period the poller slept through is measured to the poller's
+// wake-up, which makes it longer than the peer's answer by a wake-up's
+// cost; where that cost passes half the ceiling (an emulated guest, a
+// loaded host) no slept-through period ever raises the budget again, and
+// a connection whose budget once fell stays asleep. So one quiet period
+// in spinProbeEvery spins the whole ceiling while the budget is below it:
+// if the completion comes within the ceiling, the budget becomes twice
+// the time it took; if not, the probe's spin is what it cost.
+const (
+	spinFloor      = 10 * time.Microsecond
+	spinProbeEvery = 16
+)
 
 // spinHint is the budget, in µs, that a connection of this process set
 // last: where a new connection starts (0: the ceiling).
@@ -55,6 +67,9 @@ func (c *rdmaConn) learns() bool { return c.o.pollSpin > 0 && c.o.pollSpin <= ma
 func (c *rdmaConn) spinBudget() time.Duration {
 	if c.pl.sleeping {
 		return 0
+	}
+	if c.pl.probing {
+		return c.o.pollSpin
 	}
 	return c.learnedBudget()
 }
@@ -94,6 +109,11 @@ func (c *rdmaConn) spinQuiet() {
 	if c.pl.quietAt == 0 {
 		c.pl.quietAt = spinClock()
 		c.pl.sleeping = c.yieldsToHost() && hostload.Busy()
+		c.pl.probing = false
+		if c.learns() && !c.pl.sleeping {
+			c.pl.quiets++
+			c.pl.probing = c.pl.quiets%spinProbeEvery == 0 && c.learnedBudget() < c.o.pollSpin
+		}
 	}
 }
 
@@ -101,6 +121,10 @@ func (c *rdmaConn) spinQuiet() {
 func (c *rdmaConn) spinTimedOut() {
 	if !c.learns() || c.pl.sleeping {
 		return // nothing to learn, nor to tell the other connections
+	}
+	if c.pl.probing {
+		c.pl.probing = false // the budget already says the peer is slower
+		return
 	}
 	c.setSpin(c.learnedBudget() * 3 / 4)
 }
@@ -114,15 +138,16 @@ func (c *rdmaConn) spinQuietEndedAt(now uint32) {
 		return
 	}
 	g := time.Duration(now-c.pl.quietAt) * time.Microsecond
+	probing := c.pl.probing
 	c.pl.quietAt = 0
-	c.pl.sleeping = false
+	c.pl.sleeping, c.pl.probing = false, false
 	b := c.learnedBudget()
 	switch {
 	case g <= b:
 		if g > b/2 {
 			c.setSpin(b * 5 / 4)
 		}
-	case g <= c.o.pollSpin/2:
+	case g <= c.o.pollSpin/2, probing && g <= c.o.pollSpin:
 		c.setSpin(2 * g)
 	}
 }

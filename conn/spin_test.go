@@ -3,6 +3,8 @@ package conn
 import (
 	"testing"
 	"time"
+
+	"github.com/rdmagrpc/rdmagrpc/internal/hostload"
 )
 
 // spinConn is a connection with ceiling as its WithPollSpin, for the
@@ -107,5 +109,61 @@ func TestSpinBudgetUnlearned(t *testing.T) {
 	spinHint.Store(150)
 	if b := spinConn(20 * time.Microsecond).spinBudget(); b != 20*time.Microsecond {
 		t.Fatalf("a 20µs ceiling under a 150µs hint: %v", b)
+	}
+}
+
+// A budget that fell below what the peer needs, on a host where a
+// slept-through quiet period ends too late to raise it (its wake-up
+// counted in), is found again by a probe: one quiet period in
+// spinProbeEvery spins the whole ceiling.
+func TestSpinBudgetProbes(t *testing.T) {
+	const ceil = 500 * time.Microsecond
+	spinHint.Store(0)
+	t.Cleanup(func() { spinHint.Store(0) })
+	t.Cleanup(hostload.Force(false))
+	c := spinConn(ceil)
+	for range 30 {
+		c.spinTimedOut()
+	}
+	// open starts a quiet period as the poller does, and reports the
+	// budget it spins.
+	open := func() time.Duration {
+		c.pl.quietAt = 0
+		c.spinQuiet()
+		return c.spinBudget()
+	}
+	probes := 0
+	for range spinProbeEvery {
+		if b := open(); b == ceil {
+			probes++
+			// The probe ran out: the budget stays where it was.
+			c.spinTimedOut()
+		} else if b != spinFloor {
+			t.Fatalf("a quiet period that is no probe spins %v, want the floor %v", b, spinFloor)
+		}
+		// Each ended by a wake-up 300µs in: past half the ceiling.
+		c.spinQuietEndedAt(c.pl.quietAt + 300)
+	}
+	if probes != 1 || c.learnedBudget() != spinFloor {
+		t.Fatalf("%d probes in %d quiet periods, budget %v after a probe ran out: want 1 and the floor", probes, spinProbeEvery, c.learnedBudget())
+	}
+	// The next probe catches the completion at 300µs: the budget becomes
+	// twice that, held at the ceiling.
+	for range spinProbeEvery {
+		b := open()
+		c.spinQuietEndedAt(c.pl.quietAt + 300)
+		if b == ceil {
+			break
+		}
+	}
+	if b := c.learnedBudget(); b != ceil {
+		t.Fatalf("after a probe caught a 300µs answer: %v, want the ceiling %v", b, ceil)
+	}
+	// At the ceiling there is nothing to probe for.
+	for range 2 * spinProbeEvery {
+		if open(); c.pl.probing {
+			t.Fatal("a probe with the budget at the ceiling")
+		}
+		c.spinQuietEndedAt(c.pl.quietAt + 10)
 	}
 }
