@@ -109,7 +109,7 @@ func (c *rdmaConn) spinQuiet() {
 	if c.pl.quietAt == 0 {
 		c.pl.quietAt = spinClock()
 		c.pl.sleeping = c.yieldsToHost() && hostload.Busy()
-		c.pl.probing = false
+		// probing is false here: the last quiet period's end cleared it.
 		if c.learns() && !c.pl.sleeping {
 			c.pl.quiets++
 			c.pl.probing = c.pl.quiets%spinProbeEvery == 0 && c.learnedBudget() < c.o.pollSpin

@@ -158,7 +158,7 @@ func (st *shared) sample(now int64) bool {
 	return busy
 }
 
-// sampler reads the host's, this process's and the peers' CPU time; its
+// sampler reads the host's, this process's and the peers' user time; its
 // zero value reads /proc and getrusage.
 type sampler struct {
 	procFS string       // "": /proc
