@@ -140,6 +140,7 @@ func (c *rdmaConn) Close() error {
 	// they would write into is gone.
 	c.wmu.Lock()
 	c.mu.Lock()
+	c.confirmLocked()
 	c.sendEOFLocked()
 	c.sendCloseLocked()
 	linger := DefaultLinger

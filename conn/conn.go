@@ -64,6 +64,11 @@ type txRing struct {
 	stageSize  int
 	stageSlots int    // staging slots for data
 	seq, done  uint64 // data messages posted and completed
+	// signaled: the data messages that a signalled work request confirms
+	// when it completes (the last signalled one's seq + 1). Past it,
+	// messages were posted unsignalled and wait for a later completion
+	// (mustSignal, confirmLocked).
+	signaled uint64
 }
 
 // rdmaConn is a connection over RDMA (a queue pair of a provider):

@@ -47,6 +47,7 @@ func (c *rdmaConn) climb() (bool, error) {
 	// into the ring, after all of them.
 	t := &c.tx[large]
 	deadline := time.Now().Add(c.o.ackTimeout)
+	c.confirmLocked()
 	for t.done != t.seq && c.err == nil && !c.closed && time.Now().Before(deadline) {
 		c.waitLocked(c.changed, deadline)
 	}

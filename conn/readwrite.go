@@ -214,6 +214,12 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 		t.msgs++
 		cring, credits := c.takeCreditsLocked()
 		wr.RemoteAddr, wr.RKey, wr.Imm = t.addr+slot*uint64(t.size), t.rkey, encodeImm(kindSmall+ring, cring, credits, k)
+		wr.Signaled = ring == small || t.stage == nil || t.mustSignal(seq)
+		if wr.Signaled {
+			t.signaled = seq + 1
+		} else {
+			unsignaledPosts.Add(1)
+		}
 		kicked, err := c.postSend(wr)
 		c.posting = false
 		if c.recordWaits {

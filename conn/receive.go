@@ -95,7 +95,10 @@ func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 				c.failLocked(err)
 			}
 		default:
-			c.tx[wc.ID>>idRing&1].done++
+			// Send queues complete in order: this message's completion
+			// confirms the unsignalled ones posted before it (write).
+			t := &c.tx[wc.ID>>idRing&1]
+			t.done = max(t.done, wc.ID&(1<<idRing-1)+1)
 		}
 	}
 	// A peer that closed sends nothing more: what completes now is this

@@ -68,6 +68,9 @@ func (c *rdmaConn) shrinkIfIdle() {
 	}
 	if idle := time.Since(c.enl.lastLarge); idle < c.shrinkAfter() || t.done != t.seq {
 		if t.done != t.seq { // completions still to come: look again soon
+			if idle >= c.shrinkAfter() {
+				c.confirmLocked() // messages left unsignalled (signal.go)
+			}
 			c.enl.lastLarge = time.Now().Add(-c.shrinkAfter() + 10*time.Millisecond)
 		}
 		c.armShrinkLocked()

@@ -49,6 +49,7 @@ func refChild(args []string) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this half to this file")
 	stats := fs.Bool("stats", false, "print the connection's message counts on stderr at the end")
 	spin := fs.Duration("spin", -1, "conn.WithPollSpin for this half (negative: conn's default)")
+	large := fs.String("large", "", "conn.WithLargeBuffers for this half, as SIZExCOUNT (empty: conn's default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -74,6 +75,14 @@ func refChild(args []string) int {
 	}
 	if *spin >= 0 {
 		opts = append(opts, conn.WithPollSpin(*spin))
+	}
+	if *large != "" {
+		var size, count int
+		if _, err := fmt.Sscanf(*large, "%dx%d", &size, &count); err != nil {
+			fmt.Fprintf(os.Stderr, "rdmabench refchild: -large %q: want SIZExCOUNT\n", *large)
+			return 2
+		}
+		opts = append(opts, conn.WithLargeBuffers(size, count))
 	}
 	ctx := context.Background()
 	var err error
@@ -499,9 +508,9 @@ func refFloat(m map[string]string, k string) (float64, error) {
 // messages, credit stalls and ring phases.
 func printStats(side string, c net.Conn) {
 	st := c.(*conn.Conn).Stats()
-	fmt.Fprintf(os.Stderr, "%s stats: messages out %d, in %d (large-ring data in %d, small %d); credit stalls %d; rendezvous out %d, in %d; bytes out %d, in %d; enlargements %d; send phase %s, receive phase %s\n",
+	fmt.Fprintf(os.Stderr, "%s stats: messages out %d, in %d (large-ring data in %d, small %d); credit stalls %d; rendezvous out %d, in %d; bytes out %d, in %d; enlargements %d; send phase %s, receive phase %s; path MTU %d\n",
 		side, st.MessagesOut, st.MessagesIn, st.LargeDataIn, st.SmallDataIn, st.CreditStalls, st.Rendezvous, st.RendezvousIn,
-		st.BytesOut, st.BytesIn, st.Enlargements, st.SendPhase, st.RecvPhase)
+		st.BytesOut, st.BytesIn, st.Enlargements, st.SendPhase, st.RecvPhase, st.Path.MTU)
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		fmt.Fprintf(os.Stderr, "%s rusage: user %v, system %v, voluntary context switches %d, involuntary %d\n",

@@ -21,9 +21,15 @@ type device struct {
 	closed atomic.Int32   // closed QPs still in qps: reap has work
 }
 
-func (d *device) Name() string               { return d.inner.Name() }
-func (d *device) Provider() string           { return d.inj.name }
-func (d *device) Attr() transport.DeviceAttr { return d.inner.Attr() }
+func (d *device) Name() string     { return d.inner.Name() }
+func (d *device) Provider() string { return d.inj.name }
+func (d *device) Attr() transport.DeviceAttr {
+	a := d.inner.Attr()
+	if n := d.inj.maxInline.Load(); n >= 0 {
+		a.MaxInline = min(a.MaxInline, int(n))
+	}
+	return a
+}
 
 func (d *device) AllocMemory(size int) ([]byte, error) {
 	mem, err := d.inner.AllocMemory(size)

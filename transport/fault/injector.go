@@ -21,6 +21,8 @@ type Injector struct {
 	devices map[*device]struct{}
 
 	live liveCounters
+
+	maxInline atomic.Int64 // SetMaxInline's cap, -1: none
 }
 
 var _ transport.Provider = (*Injector)(nil)
@@ -31,6 +33,7 @@ var _ transport.Provider = (*Injector)(nil)
 func Wrap(inner transport.Provider, name string, rules ...Rule) *Injector {
 	inj := &Injector{name: name, inner: inner, devices: map[*device]struct{}{}}
 	inj.rules.Store(&[]*rule{})
+	inj.maxInline.Store(-1)
 	for _, r := range rules {
 		inj.MustAdd(r)
 	}
@@ -59,6 +62,15 @@ func (inj *Injector) Open(name string) (transport.Device, error) {
 	}
 	return w, nil
 }
+
+// SetMaxInline makes the devices report at most n bytes of inline data
+// (DeviceAttr.MaxInline), as a NIC does, whose limit is far below a ring
+// slot: a consumer that sizes its sends by it then stages them in
+// registered memory, so that a provider which sends everything inline
+// (shm) serves tests of the staged path. A QP asking for more inline
+// data than n is not refused: the cap only informs. n < 0: the inner
+// device's figure again.
+func (inj *Injector) SetMaxInline(n int) { inj.maxInline.Store(int64(max(n, -1))) }
 
 // Add adds a rule, effective for the next event.
 func (inj *Injector) Add(r Rule) (*Handle, error) {
