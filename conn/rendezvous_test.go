@@ -274,3 +274,65 @@ func waitAdvert(t *testing.T, c *rdmaConn) inAdvert {
 	}))
 	return a
 }
+
+// A stream of adverts, with ring messages between some: the reader asks
+// for the next advert while the one before is outstanding, never more
+// than two requests at once, and every byte arrives in order.
+func TestRendezvousPrefetch(t *testing.T) {
+	a, b := conns(t)
+	var msgs [][]byte
+	for i := range 24 {
+		msgs = append(msgs, random(1<<20))
+		if i%5 == 0 {
+			msgs = append(msgs, random(300+i))
+		}
+	}
+	var all []byte
+	for _, m := range msgs {
+		all = append(all, m...)
+	}
+	done := make(chan error, 1)
+	go func() {
+		got := make([]byte, len(all))
+		buf := got
+		for len(buf) > 0 {
+			n, err := b.Read(buf[:min(len(buf), 256<<10)])
+			if err != nil {
+				done <- err
+				return
+			}
+			b.mu.Lock()
+			out := 0
+			if b.rdv.req.active && !b.rdv.req.landed {
+				out++
+			}
+			if q := b.rdv.next; q != nil && q.active && !q.landed {
+				out++
+			}
+			b.mu.Unlock()
+			if out > 2 {
+				done <- fmt.Errorf("%d read requests outstanding", out)
+				return
+			}
+			buf = buf[n:]
+		}
+		if !bytes.Equal(got, all) {
+			done <- errors.New("the stream differs")
+			return
+		}
+		done <- nil
+	}()
+	for _, m := range msgs {
+		if _, err := a.Write(m); err != nil {
+			t.Fatalf("write %d bytes: %v", len(m), err)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sb := b.Stats()
+	t.Logf("%d adverts in, %d prefetched", sb.RendezvousIn, sb.RendezvousPrefetches)
+	if sb.RendezvousIn != 24 || sb.RendezvousPrefetches == 0 {
+		t.Fatalf("reader: %d adverts, %d prefetched; want 24 and some", sb.RendezvousIn, sb.RendezvousPrefetches)
+	}
+}

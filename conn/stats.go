@@ -87,6 +87,9 @@ type Stats struct {
 	// ones whose one page was taken beyond the budget (no room at all).
 	RendezvousShortReads uint64
 	BudgetOverdrafts     uint64
+	// RendezvousPrefetches: read requests for the next advert sent as
+	// soon as the one before landed, while it was being copied out.
+	RendezvousPrefetches uint64
 	// SpillRefusals: spills not made because the copies held reached
 	// their bound (a peer refilling the ring behind a rendezvous message).
 	SpillRefusals     uint64

@@ -508,9 +508,9 @@ func refFloat(m map[string]string, k string) (float64, error) {
 // messages, credit stalls and ring phases.
 func printStats(side string, c net.Conn) {
 	st := c.(*conn.Conn).Stats()
-	fmt.Fprintf(os.Stderr, "%s stats: messages out %d, in %d (large-ring data in %d, small %d); credit stalls %d; rendezvous out %d, in %d; bytes out %d, in %d; enlargements %d; send phase %s, receive phase %s; path MTU %d\n",
+	fmt.Fprintf(os.Stderr, "%s stats: messages out %d, in %d (large-ring data in %d, small %d); credit stalls %d; rendezvous out %d, in %d; bytes out %d, in %d; enlargements %d; send phase %s, receive phase %s; path MTU %d; rendezvous prefetches %d\n",
 		side, st.MessagesOut, st.MessagesIn, st.LargeDataIn, st.SmallDataIn, st.CreditStalls, st.Rendezvous, st.RendezvousIn,
-		st.BytesOut, st.BytesIn, st.Enlargements, st.SendPhase, st.RecvPhase, st.Path.MTU)
+		st.BytesOut, st.BytesIn, st.Enlargements, st.SendPhase, st.RecvPhase, st.Path.MTU, st.RendezvousPrefetches)
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		fmt.Fprintf(os.Stderr, "%s rusage: user %v, system %v, voluntary context switches %d, involuntary %d\n",
