@@ -243,8 +243,9 @@ func initialRecvs(n int) []transport.RecvWR {
 // recvDepth: every message (data, record, credit, EOF) consumes a posted
 // receive; data and records are bounded by the credits of both rings,
 // zero-length messages by one credit message and one EOF in flight, the
-// ends of rendezvous transfers by our one read request, parks by one park
-// and one resume (park.go): controlRecvs in all, beside the rings' slots.
+// ends of rendezvous transfers by our read requests (two at most), parks
+// by one park and one resume (park.go): controlRecvs in all, beside the
+// rings' slots.
 func (c *rdmaConn) recvDepth() int { return c.o.recvCap }
 
 // controlRecvs are the receives zero-length messages may take (recvDepth).

@@ -228,7 +228,8 @@ func (c *rdmaConn) finishEnlargeLocked(phase, outcome int, from, to uint32, star
 // otherwise two sides, each with its ring full of the other's unread data
 // behind an advert, and their last credits taken by adverts, enlargement
 // requests or acks, wait for each other forever. Data keeps that credit
-// too (write), and a reader has one read request out at a time.
+// too (write). A reader's second read request (prefetchLocked) is sent
+// only when a credit is free: it never needs the last one.
 func (c *rdmaConn) sendRecordLocked(r record, deadline time.Time, bounded bool) error {
 	read := r.typ == recRead
 	for c.recordOut || !c.tx[c.sending].canSendRecord(read) || c.posting || c.enl.parked {

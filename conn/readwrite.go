@@ -170,7 +170,9 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 			if t.canSendData() && t.seq-t.done < uint64(t.stageSlots) {
 				break
 			}
-			if stalled.IsZero() {
+			// A wait for staging is for our own completions (signal.go),
+			// not a stall on the peer's reader: only credits count.
+			if stalled.IsZero() && !t.canSendData() {
 				stalled = time.Now()
 				c.st.CreditStalls++
 				if c.sending == large {

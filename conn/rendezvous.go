@@ -60,7 +60,8 @@ type inAdvert struct {
 	requested  int
 }
 
-// readReq is this side's read request: at most one at a time.
+// readReq is one of this side's read requests: at most two are out at a
+// time (prefetchLocked).
 type readReq struct {
 	active, landed bool
 	seq            uint32
@@ -384,14 +385,17 @@ func (c *rdmaConn) readRendezvousLocked(b []byte) (n int, err error, done bool) 
 // wake-ups in series per message, milliseconds each in the rxe guest
 // (perftest keeps its send queue full the same way). At most two
 // requests are outstanding, and the second only when it can go at once:
-// full-size registered memory without waiting or overdraft, the record
-// slot free, a credit; otherwise the next advert is asked for as before,
-// when the reader reaches it. c.rmu and c.mu are held.
+// registered memory for what it asks (the advert, up to our chunk size)
+// without waiting or overdraft, the record slot free, a credit;
+// otherwise the next advert is asked for as before, when the reader
+// reaches it. c.rmu and c.mu are held.
 func (c *rdmaConn) prefetchLocked() {
 	ready := func() bool {
 		return len(c.rdv.in) > 1 && c.rdv.in[0].requested == c.rdv.in[0].size && c.rdv.in[1].requested == 0 &&
 			(c.rdv.next == nil || !c.rdv.next.active) && c.err == nil && !c.closed &&
-			!c.recordOut && c.tx[c.sending].canSendRecord(true) && !c.posting && !c.enl.parked
+			// Not the last credit: that one stays for the request the
+			// reader needs when it reaches an advert (sendRecordLocked).
+			!c.recordOut && c.tx[c.sending].canSendRecord(false) && !c.posting && !c.enl.parked
 	}
 	if !ready() {
 		return

@@ -66,13 +66,13 @@ func (c *rdmaConn) shrinkIfIdle() {
 	if w := time.Unix(0, c.lastWrite.Load()); w.After(c.enl.lastLarge) {
 		c.enl.lastLarge = w
 	}
-	if idle := time.Since(c.enl.lastLarge); idle < c.shrinkAfter() || t.done != t.seq {
-		if t.done != t.seq { // completions still to come: look again soon
-			if idle >= c.shrinkAfter() {
-				c.confirmLocked() // messages left unsignalled (signal.go)
-			}
-			c.enl.lastLarge = time.Now().Add(-c.shrinkAfter() + 10*time.Millisecond)
-		}
+	if time.Since(c.enl.lastLarge) < c.shrinkAfter() {
+		c.armShrinkLocked()
+		return
+	}
+	if t.done != t.seq { // completions still to come: look again soon
+		c.confirmLocked() // behind messages left unsignalled (signal.go)
+		c.enl.lastLarge = time.Now().Add(-c.shrinkAfter() + 10*time.Millisecond)
 		c.armShrinkLocked()
 		return
 	}

@@ -41,7 +41,7 @@ type Conn struct {
 	snap  func() Snapshot
 
 	mu     sync.Mutex
-	read   trace.Span // the rendezvous read request in flight
+	reads  []trace.Span // the rendezvous read requests in flight, oldest first (at most two)
 	failed error
 	ended  bool
 }
@@ -174,11 +174,11 @@ func (c *Conn) End() {
 		return
 	}
 	c.ended = true
-	if c.read != nil {
-		c.read.SetStatus(codes.Error, "connection closed before the read request landed")
-		c.read.End()
-		c.read = nil
+	for _, r := range c.reads {
+		r.SetStatus(codes.Error, "connection closed before the read request landed")
+		r.End()
 	}
+	c.reads = nil
 	if c.failed != nil {
 		c.span.SetAttributes(semconv.ErrorTypeKey.String(errorType(c.failed)))
 		c.span.SetStatus(codes.Error, c.failed.Error())
@@ -252,7 +252,9 @@ func (c *Conn) RendezvousIn() {
 }
 
 // ReadRequested starts the span of a rendezvous read request (M5): n
-// bytes of advert advert asked for at start. One is in flight at a time.
+// bytes of advert advert asked for at start. At most two are in flight
+// (a reader asks for the next advert before the last lands), and they
+// land in order.
 func (c *Conn) ReadRequested(seq, advert uint32, n int, start time.Time) {
 	if c == nil || !c.rec {
 		return
@@ -261,22 +263,30 @@ func (c *Conn) ReadRequested(seq, advert uint32, n int, start time.Time) {
 		trace.WithAttributes(c.attrs...), trace.WithAttributes(
 			KeyRdvBytes.Int(n), KeyRdvAdvert.Int64(int64(advert)), KeyRdvRequest.Int64(int64(seq))))
 	c.mu.Lock()
-	if c.read != nil { // cannot happen: one request at a time; never leak a span
-		c.read.End()
+	if len(c.reads) >= maxReads { // cannot happen; never leak a span
+		c.reads[0].End()
+		c.reads = c.reads[1:]
 	}
-	c.read = span
+	c.reads = append(c.reads, span)
 	c.mu.Unlock()
 }
 
-// ReadLanded ends the read request: its last segment's immediate came.
+// maxReads: the read requests a reader has in flight at most.
+const maxReads = 2
+
+// ReadLanded ends the oldest read request: its last segment's immediate
+// came.
 func (c *Conn) ReadLanded(n int) {
 	if c == nil {
 		return
 	}
 	c.set.rendezvousBytes.Add(context.Background(), int64(n), c.set.receive...)
 	c.mu.Lock()
-	span := c.read
-	c.read = nil
+	var span trace.Span
+	if len(c.reads) > 0 {
+		span = c.reads[0]
+		c.reads = c.reads[1:]
+	}
 	c.mu.Unlock()
 	if span != nil {
 		span.End()
