@@ -13,7 +13,7 @@ RXE_TIMEOUT ?= 20m
 # too (it doubles the conn run under TCG, ≈ 5 min for the whole tier).
 RXE_GOFLAGS ?= -race
 
-.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair bench-rxe-ref bench-rxe-ref-pair bench-rxe-samehost
+.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair bench-rxe-ref bench-rxe-ref-pair bench-rxe-samehost perf-rxe
 
 test-rxe: deps
 	RDMAGRPC_RXE=1 RDMAGRPC_RXE_CACHE=$(RXE_CACHE) RDMAGRPC_RXE_PKGS="$(RXE_PKGS)" \
@@ -112,3 +112,20 @@ bench-rxe-ref-pair: deps
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
 	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 30m -pair -f bin/rdmabench -f tests/rxe/bench-pair.sh $(RXE_REF_ENV) \
 	  -e REF=1 -e BENCH=0 -b /rxe/bin/bench-pair.sh -- /rxe/bin/bench-pair.sh
+
+# Where the time goes over verbs: perf in the guest (tests/rxe/perf-ref.sh),
+# a whole-guest CPU profile while perftest, then rdmagrpc's raw halves, run
+# PERF_OP (write or pingpong) at PERF_SIZE bytes PERF_COUNT times; reports
+# by thread, symbol and callers on stdout. perf is this host's (Debian's
+# linux-perf), copied into the guest with the libraries it links.
+PERF_OP    ?= write
+PERF_SIZE  ?= 32768
+PERF_COUNT ?= 4096
+perf-rxe: deps
+	@command -v perf >/dev/null || { echo "perf-rxe: no perf on this host: apt-get install linux-perf" >&2; exit 1; }
+	$(GO) build -o bin/rdmabench ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	rm -rf bin/perf-guest && mkdir -p bin/perf-guest && cp "$$(command -v perf)" bin/perf-guest/ && \
+	  for l in $$(ldd "$$(command -v perf)" | awk '/=>/ { print $$3 }'); do cp -L "$$l" bin/perf-guest/ || exit 1; done
+	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 20m -f bin/rdmabench -f bin/perf-guest -f tests/rxe/perf-ref.sh \
+	  -e PERF_OP=$(PERF_OP) -e PERF_SIZE=$(PERF_SIZE) -e PERF_COUNT=$(PERF_COUNT) -- /rxe/bin/perf-ref.sh
