@@ -199,7 +199,7 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 		// record posted in between (a reader's read request) must not
 		// take a later slot yet arrive first, or each would be read from
 		// the other's slot.
-		wr := transport.SendWR{ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm, Signaled: true}
+		wr := transport.SendWR{ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm}
 		var k int
 		if t.stage == nil {
 			// Inline: the provider copies from b itself, at the post.

@@ -333,30 +333,17 @@ func (c *rdmaConn) readRendezvousLocked(b []byte) (n int, err error, done bool) 
 		c.mu.Unlock()
 		dst, k, gerr := c.rendezvousDest(k)
 		c.mu.Lock()
-		a = &c.rdv.in[0] // the poller may have grown the queue meanwhile
 		if gerr != nil {
 			// No way to take the data: the stream cannot go on.
 			c.failLocked(fmt.Errorf("conn: rendezvous destination of %d bytes: %w", k, gerr))
 			return 0, c.opErr("read", c.err), true
 		}
-		c.rdv.reqSeq++
-		*q = readReq{active: true, seq: c.rdv.reqSeq, dst: dst, n: k, start: time.Now()}
-		r := record{typ: recRead, seq: q.seq, count: a.seq, rkey: a.token, addr: a.addr + uint64(a.requested), size: uint32(k),
-			addr2: dst.Addr(), rkey2: dst.RKey()}
-		if serr := c.sendRecordLocked(r, c.rdl, true); serr != nil {
-			dst.Release()
-			*q = readReq{}
-			c.rdv.reqSeq--
+		if serr := c.requestReadLocked(q, 0, dst, k); serr != nil {
 			return 0, c.opErr("read", serr), true
 		}
-		a = &c.rdv.in[0] // sending may have waited, and the queue grown
-		a.requested += k
-		c.tel.ReadRequested(q.seq, a.seq, k, q.start)
 	}
-	if c.rdv.next == nil || !c.rdv.next.active {
-		c.prefetchLocked()
-		a = &c.rdv.in[0]
-	}
+	c.prefetchLocked()
+	a = &c.rdv.in[0] // either may have waited, and the queue grown
 	if !q.landed {
 		return 0, nil, false
 	}
@@ -411,25 +398,33 @@ func (c *rdmaConn) prefetchLocked() {
 		dst.Release()
 		return
 	}
-	a := &c.rdv.in[1]
-	c.rdv.reqSeq++
 	if c.rdv.next == nil {
 		c.rdv.next = new(readReq)
 	}
-	q := c.rdv.next
+	if c.requestReadLocked(c.rdv.next, 1, dst, k) == nil {
+		c.st.RendezvousPrefetches++
+	}
+}
+
+// requestReadLocked sends q, the read request for the next k bytes of
+// advert c.rdv.in[i] into dst, and accounts them as requested; on an
+// error dst is released and q left inactive. c.mu is held.
+func (c *rdmaConn) requestReadLocked(q *readReq, i int, dst *bufpool.Buffer, k int) error {
+	a := &c.rdv.in[i]
+	c.rdv.reqSeq++
 	*q = readReq{active: true, seq: c.rdv.reqSeq, dst: dst, n: k, start: time.Now()}
-	r := record{typ: recRead, seq: q.seq, count: a.seq, rkey: a.token, addr: a.addr, size: uint32(k),
+	r := record{typ: recRead, seq: q.seq, count: a.seq, rkey: a.token, addr: a.addr + uint64(a.requested), size: uint32(k),
 		addr2: dst.Addr(), rkey2: dst.RKey()}
 	if err := c.sendRecordLocked(r, c.rdl, true); err != nil {
 		dst.Release()
 		*q = readReq{}
 		c.rdv.reqSeq--
-		return
+		return err
 	}
-	a = &c.rdv.in[1]
-	a.requested = k
-	c.st.RendezvousPrefetches++
+	a = &c.rdv.in[i] // sending may have waited, and the queue grown
+	a.requested += k
 	c.tel.ReadRequested(q.seq, a.seq, k, q.start)
+	return nil
 }
 
 // spillLocked is called by a reader that must ask for the rendezvous

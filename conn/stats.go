@@ -88,7 +88,7 @@ type Stats struct {
 	RendezvousShortReads uint64
 	BudgetOverdrafts     uint64
 	// RendezvousPrefetches: read requests for the next advert sent as
-	// soon as the one before landed, while it was being copied out.
+	// soon as the one before it was, before that one landed.
 	RendezvousPrefetches uint64
 	// SpillRefusals: spills not made because the copies held reached
 	// their bound (a peer refilling the ring behind a rendezvous message).
