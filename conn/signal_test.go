@@ -93,7 +93,14 @@ func TestUnsignalledThenShrinkAndClimb(t *testing.T) {
 	// A reader that lags makes the writer stall and climb, with the
 	// first phase's last messages unsignalled.
 	streamToSlowReader(t, w, r, 4<<20, 256<<10)
-	if st := w.Stats(); st.Climbs == 0 || st.SendPhaseIndex != len(phases)-1 {
-		t.Fatalf("writer at phase %d after %d climbs, want the top", st.SendPhaseIndex, st.Climbs)
+	st := w.Stats()
+	if st.Climbs == 0 {
+		t.Fatalf("writer at phase %d after no climb, want the top", st.SendPhaseIndex)
+	}
+	// A slow machine can leave the writer idle for the 50 ms of the
+	// shrink while the reader drains the ring: the writer is then small
+	// again, after a shrink of its own.
+	if st.SendPhaseIndex != len(phases)-1 && st.Shrinks < 2 {
+		t.Fatalf("writer at phase %d after %d climbs and %d shrinks, want the top", st.SendPhaseIndex, st.Climbs, st.Shrinks)
 	}
 }
