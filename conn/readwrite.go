@@ -151,16 +151,19 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 		var t *txRing
 		for {
 			ch := c.changed
+			// Every byte posted: the write succeeded, as a socket's does
+			// once its bytes are in the send buffer. A peer that read
+			// them and closed at once must not turn it into a failure.
+			if len(b) == 0 {
+				c.mu.Unlock()
+				return n, nil
+			}
 			if err := c.writeErrLocked(); err != nil {
 				if !stalled.IsZero() {
 					c.stalled(time.Since(stalled))
 				}
 				c.mu.Unlock()
 				return n, c.opErr("write", err)
-			}
-			if len(b) == 0 {
-				c.mu.Unlock()
-				return n, nil
 			}
 			t = &c.tx[c.sending]
 			if c.enl.parked { // the answer to our park: a round trip, not a stall
