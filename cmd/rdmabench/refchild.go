@@ -50,6 +50,7 @@ func refChild(args []string) int {
 	stats := fs.Bool("stats", false, "print the connection's message counts on stderr at the end")
 	spin := fs.Duration("spin", -1, "conn.WithPollSpin for this half (negative: conn's default)")
 	large := fs.String("large", "", "conn.WithLargeBuffers for this half, as SIZExCOUNT (empty: conn's default)")
+	spinBusy := fs.Bool("spinbusy", false, "conn.WithSpinOnBusyHost for this half: spin whatever the host's load")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -75,6 +76,9 @@ func refChild(args []string) int {
 	}
 	if *spin >= 0 {
 		opts = append(opts, conn.WithPollSpin(*spin))
+	}
+	if *spinBusy {
+		opts = append(opts, conn.WithSpinOnBusyHost())
 	}
 	if *large != "" {
 		var size, count int
