@@ -54,6 +54,10 @@ func (c *rdmaConn) sendEOFLocked() error {
 		return nil
 	}
 	c.wclosed = true
+	if c.pendingLocked() {
+		c.pend.eof = true // posted behind the pending message (pack.go)
+		return nil
+	}
 	return c.postCtlLocked(kindEOF, small, 0)
 }
 
@@ -61,6 +65,10 @@ func (c *rdmaConn) sendEOFLocked() error {
 // holding rendezvous data for us (and its Close does not wait for us).
 func (c *rdmaConn) sendCloseLocked() {
 	if c.err != nil {
+		return
+	}
+	if c.pendingLocked() {
+		c.pend.close = true // it ends the stream too: after the pending message
 		return
 	}
 	if err := c.postCtlLocked(kindClose, small, 0); err != nil {
@@ -86,7 +94,7 @@ func (c *rdmaConn) sentLocked() bool {
 // drainedLocked: the peer has everything written, rendezvous messages
 // included, or reads no more (a peer that closed: waiting is pointless).
 func (c *rdmaConn) drainedLocked() bool {
-	return c.rdv.peerClosed || c.sentLocked() && len(c.rdv.out) == 0
+	return c.rdv.peerClosed || c.sentLocked() && len(c.rdv.out) == 0 && !c.pendingLocked()
 }
 
 // closeWait bounds how long Close itself waits for what it posted last

@@ -84,6 +84,7 @@ type rdmaConn struct {
 	connCore
 	ends      *ends        // its addresses, set at start
 	lastWrite atomic.Int64 // UnixNano of the end of the last Write: idle shrink (shrink.go)
+	pend      *pending     // small writes taken while the ring had no credit (pack.go)
 	opened    atomic.Bool  // start succeeded: release reports the close to the marker
 	// closedFast mirrors closed for the calls that must fail at once
 	// after Close without taking c.mu (isClosed).

@@ -112,7 +112,7 @@ func (c *rdmaConn) parkIfIdle() {
 		c.armIdleLocked(wait)
 		return
 	}
-	if c.posting || c.enl.waiting {
+	if c.posting || c.enl.waiting || c.pendingLocked() {
 		c.armParkLocked() // a record of the reader's is being posted
 		return
 	}

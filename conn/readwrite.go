@@ -119,6 +119,11 @@ func (c *rdmaConn) writeElem(b []byte) (int, error) {
 		err = c.writeErrLocked()
 	}
 	stalling := c.enl.stalling() // the ladder (climb)
+	if err == nil && c.pendingLocked() && (stalling || len(b) > c.o.threshold || c.o.rdvThreshold > 0 && len(b) > c.o.rdvThreshold) {
+		// What follows may enlarge or climb, or go by rendezvous: after
+		// the pending message (pack.go).
+		err = c.awaitPendLocked()
+	}
 	c.mu.Unlock()
 	if err != nil {
 		return 0, c.opErr("write", err)
@@ -170,8 +175,34 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 				c.waitLocked(ch, c.wdl)
 				continue
 			}
+			if c.pendingLocked() {
+				// Behind a pending message (pack.go): post it first, or
+				// pack behind it, or wait until it went.
+				if c.flushPendLocked() {
+					c.mu.Unlock()
+					c.pollNow()
+					c.mu.Lock()
+					continue
+				}
+				if c.pendingLocked() {
+					if c.packLocked(t, b) {
+						c.mu.Unlock()
+						return n + len(b), nil
+					}
+					c.creditWait = true
+					c.waitLocked(ch, c.wdl)
+					continue
+				}
+			}
 			if t.canSendData() && t.seq-t.done < uint64(t.stageSlots) {
 				break
+			}
+			if !t.canSendData() && c.packLocked(t, b) {
+				if !stalled.IsZero() {
+					c.stalled(time.Since(stalled))
+				}
+				c.mu.Unlock()
+				return n + len(b), nil
 			}
 			// A wait for staging is for our own completions (signal.go),
 			// not a stall on the peer's reader: only credits count.
@@ -215,17 +246,7 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 			wr.SG = []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}}
 		}
 		c.mu.Lock()
-		slot := t.msgs % uint64(t.count)
-		t.msgs++
-		cring, credits := c.takeCreditsLocked()
-		wr.RemoteAddr, wr.RKey, wr.Imm = t.addr+slot*uint64(t.size), t.rkey, encodeImm(kindSmall+ring, cring, credits, k)
-		wr.Signaled = ring == small || t.stage == nil || t.mustSignal(seq)
-		if wr.Signaled {
-			t.signaled = seq + 1
-		} else {
-			unsignaledPosts.Add(1)
-		}
-		kicked, err := c.postSend(wr)
+		kicked, err := c.postDataLocked(t, ring, seq, k, wr)
 		c.posting = false
 		if c.recordWaits {
 			c.recordWaits = false
@@ -240,10 +261,6 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 			return n, c.opErr("write", c.err)
 		}
 		c.st.BytesOut += uint64(k)
-		c.st.MessagesOut++
-		if ring == small && !c.parkArmed {
-			c.armParkLocked()
-		}
 		c.mu.Unlock()
 		if kicked {
 			c.pollNow()
@@ -251,6 +268,31 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 		n += k
 		b = b[k:]
 	}
+}
+
+// postDataLocked posts data message seq of k bytes, wr, into the peer's
+// ring: it takes the peer's next slot (the peer assigns slots in arrival
+// order), the credits to return, and the signalling (signal.go).
+func (c *rdmaConn) postDataLocked(t *txRing, ring int, seq uint64, k int, wr transport.SendWR) (kicked bool, err error) {
+	slot := t.msgs % uint64(t.count)
+	t.msgs++
+	cring, credits := c.takeCreditsLocked()
+	wr.RemoteAddr, wr.RKey, wr.Imm = t.addr+slot*uint64(t.size), t.rkey, encodeImm(kindSmall+ring, cring, credits, k)
+	wr.Signaled = ring == small || t.stage == nil || t.mustSignal(seq)
+	if wr.Signaled {
+		t.signaled = seq + 1
+	} else {
+		unsignaledPosts.Add(1)
+	}
+	kicked, err = c.postSend(wr)
+	if err != nil {
+		return kicked, err
+	}
+	c.st.MessagesOut++
+	if ring == small && !c.parkArmed {
+		c.armParkLocked()
+	}
+	return kicked, nil
 }
 
 // WriteBuffers is the vectored write, checked element

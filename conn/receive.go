@@ -101,6 +101,13 @@ func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 			t.done = max(t.done, wc.ID&(1<<idRing-1)+1)
 		}
 	}
+	// Credits or staging may have come for a pending message (pack.go).
+	// A kick meanwhile is for this poller, which looks again.
+	if c.pendingLocked() && c.flushPendLocked() {
+		c.pl.mu.Lock()
+		c.pl.kicked = true
+		c.pl.mu.Unlock()
+	}
 	// A peer that closed sends nothing more: what completes now is this
 	// side's own teardown, not worth a spin.
 	return !c.closed && c.err == nil && !c.rdv.peerClosed, waiter || len(c.recvQ) > 0

@@ -91,6 +91,9 @@ var errShrinkBusy = errors.New("conn: shrink: no credit in the peer's large ring
 // c.wmu and c.mu are held, the direction is large and every large write
 // has completed.
 func (c *rdmaConn) shrinkLocked() error {
+	if c.pendingLocked() {
+		return errShrinkBusy // the record must follow the pending message
+	}
 	start := time.Now()
 	t := &c.tx[large]
 	from, to := t.size, c.tx[small].size
