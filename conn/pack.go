@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-
-	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
 // Packing. A ring carries one message per slot, whatever its length, so
@@ -26,9 +24,9 @@ import (
 // write too large to pack, a rendezvous advert, an enlargement, a climb,
 // a shrink, a park); the end of the stream is posted right behind it.
 
-// packMax is the largest write that packs, as a fraction of the pending
-// message's room: a larger write gains little from sharing a slot, and
-// leaves room for only a few more.
+// packShare: the largest write that packs is this fraction of the
+// pending message's room. A larger one gains little from sharing a slot,
+// and leaves room for only a few more.
 const packShare = 4
 
 // pendMax bounds a pending message, whatever the ring's slot size: the
@@ -57,6 +55,9 @@ func (c *rdmaConn) pendingLocked() bool { return c.pend != nil && len(c.pend.buf
 // whether it did. The caller found no credit, or a message pending.
 func (c *rdmaConn) packLocked(t *txRing, b []byte) bool {
 	room := min(t.size, pendMax)
+	if t.stage != nil {
+		room = min(room, t.stageSize)
+	}
 	if len(b) > room/packShare || c.enl.parked || c.wclosed {
 		return false
 	}
@@ -91,14 +92,10 @@ func (c *rdmaConn) flushPendLocked() (kicked bool) {
 	seq := t.seq
 	t.seq++
 	t.use()
-	k := len(p.buf)
-	wr := transport.SendWR{ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm}
-	if t.stage == nil {
-		wr.Inline, wr.Data = true, p.buf // copied by the provider at the post
-	} else {
-		off := int(seq%uint64(t.stageSlots)) * t.stageSize
-		copy(t.stage.Bytes()[off:], p.buf)
-		wr.SG = []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}}
+	wr, k := t.dataWR(ring, seq, p.buf)
+	if k != len(p.buf) { // packLocked kept it within a slot and its staging
+		c.failLocked(fmt.Errorf("conn: a pending message of %d bytes, a message takes %d", len(p.buf), k))
+		return false
 	}
 	kicked, err := c.postDataLocked(t, ring, seq, k, wr)
 	p.buf = p.buf[:0]

@@ -233,18 +233,7 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 		// record posted in between (a reader's read request) must not
 		// take a later slot yet arrive first, or each would be read from
 		// the other's slot.
-		wr := transport.SendWR{ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm}
-		var k int
-		if t.stage == nil {
-			// Inline: the provider copies from b itself, at the post.
-			k = min(len(b), t.size)
-			wr.Inline, wr.Data = true, b[:k]
-		} else {
-			k = min(len(b), t.size, t.stageSize)
-			off := int(seq%uint64(t.stageSlots)) * t.stageSize
-			copy(t.stage.Bytes()[off:], b[:k])
-			wr.SG = []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}}
-		}
+		wr, k := t.dataWR(ring, seq, b)
 		c.mu.Lock()
 		kicked, err := c.postDataLocked(t, ring, seq, k, wr)
 		c.posting = false
@@ -268,6 +257,23 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 		n += k
 		b = b[k:]
 	}
+}
+
+// dataWR is the work request of data message seq, carrying as much of b
+// as one message takes (k bytes): inline, the provider copying from b at
+// the post, or copied into the message's staging slot now.
+func (t *txRing) dataWR(ring int, seq uint64, b []byte) (wr transport.SendWR, k int) {
+	wr = transport.SendWR{ID: uint64(ring)<<idRing | seq, Opcode: transport.OpWriteWithImm}
+	if t.stage == nil {
+		k = min(len(b), t.size)
+		wr.Inline, wr.Data = true, b[:k]
+		return wr, k
+	}
+	k = min(len(b), t.size, t.stageSize)
+	off := int(seq%uint64(t.stageSlots)) * t.stageSize
+	copy(t.stage.Bytes()[off:], b[:k])
+	wr.SG = []transport.SGE{{Addr: t.stage.Addr() + uint64(off), Length: uint32(k), LKey: t.stage.LKey()}}
+	return wr, k
 }
 
 // postDataLocked posts data message seq of k bytes, wr, into the peer's
