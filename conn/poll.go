@@ -275,8 +275,11 @@ func (c *rdmaConn) pollFor(ch chan struct{}, deadline time.Time, done chan struc
 		if n > 0 {
 			c.spinQuietEnded()
 			inlineRounds.Add(1)
-			c.handle(wcs[:n])
+			_, _, owed := c.handle(wcs[:n])
 			c.suspendPoll(done)
+			if owed {
+				c.pollNow() // the queue may have fired during the post, and nobody looks
+			}
 			return true
 		}
 		if armed {
@@ -355,7 +358,7 @@ func (c *rdmaConn) pollNow() {
 		}
 		if n > 0 {
 			c.spinQuietEnded()
-			c.handle(wcs[:n])
+			c.handle(wcs[:n]) // owed or not, it polls again before it arms
 			armed = false
 			continue
 		}
@@ -464,10 +467,13 @@ func (c *rdmaConn) poll(ctx context.Context, done chan struct{}, notified bool) 
 			// A connection that closed or failed spins for nothing: its
 			// completions now are its receives flushing at the teardown
 			// (WithPollSpin of CPU on each side of every close).
-			var waiter bool
-			busy, waiter = c.handle(wcs[:n])
+			var waiter, owed bool
+			busy, waiter, owed = c.handle(wcs[:n])
 			if notified && busy && waiter && c.o.pollSpin > 0 {
 				c.suspendPoll(done)
+				if owed {
+					c.pollNow() // the queue may have fired during the post, and nobody looks
+				}
 				return
 			}
 			armed = false

@@ -41,7 +41,11 @@ var errProtocol = errors.New("conn: peer broke the protocol")
 // its own stack, which then stayed 8 KiB (4 KiB more per idle server
 // end of grpc-go, whose reader sleeps with more than a quarter of 4 KiB
 // in use).
-func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
+//
+// owed: a pending message went out (pack.go) and a kick came during its
+// post; the caller polls again before it lets the queue sleep, or, if it
+// gives up the role, has it polled (pollNow).
+func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter, owed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	waiter = c.creditWait
@@ -102,15 +106,10 @@ func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter bool) {
 		}
 	}
 	// Credits or staging may have come for a pending message (pack.go).
-	// A kick meanwhile is for this poller, which looks again.
-	if c.pendingLocked() && c.flushPendLocked() {
-		c.pl.mu.Lock()
-		c.pl.kicked = true
-		c.pl.mu.Unlock()
-	}
+	owed = c.pendingLocked() && c.flushPendLocked()
 	// A peer that closed sends nothing more: what completes now is this
 	// side's own teardown, not worth a spin.
-	return !c.closed && c.err == nil && !c.rdv.peerClosed, waiter || len(c.recvQ) > 0
+	return !c.closed && c.err == nil && !c.rdv.peerClosed, waiter || len(c.recvQ) > 0, owed
 }
 
 // receivedLocked accounts one incoming message; everything in its
