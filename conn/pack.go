@@ -120,6 +120,16 @@ func (c *rdmaConn) flushPendLocked() (kicked bool) {
 	return kicked
 }
 
+// flushPendPollLocked is flushPendLocked for a goroutine that may let go
+// of c.mu: a kick during the post is polled at once (pollNow).
+func (c *rdmaConn) flushPendPollLocked() {
+	if c.flushPendLocked() {
+		c.mu.Unlock()
+		c.pollNow()
+		c.mu.Lock()
+	}
+}
+
 // awaitPendLocked waits until no message is pending, posting it as soon
 // as it can: what the caller posts next must come after it.
 func (c *rdmaConn) awaitPendLocked() error {
@@ -128,17 +138,11 @@ func (c *rdmaConn) awaitPendLocked() error {
 		if err := c.writeErrLocked(); err != nil {
 			return err
 		}
-		if c.flushPendLocked() {
-			c.mu.Unlock()
-			c.pollNow()
-			c.mu.Lock()
-			continue
+		c.flushPendPollLocked()
+		if c.pendingLocked() {
+			c.creditWait = true
+			c.waitLocked(ch, c.wdl)
 		}
-		if !c.pendingLocked() {
-			break
-		}
-		c.creditWait = true
-		c.waitLocked(ch, c.wdl)
 	}
 	return nil
 }

@@ -156,8 +156,8 @@ func TestWriterTakesItsOwnKick(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Another kick may come first now and then (b's credits).
-	if posted < writes/2 || taken < posted/2 {
-		t.Fatalf("the writer posted %d of %d writes to a quiet connection and took %d of its kicks", posted, writes, taken)
+	if taken < writes/2 {
+		t.Fatalf("the writer took %d of its kicks in %d writes to a quiet connection (%d posted, the others packed)", taken, writes, posted)
 	}
 }
 

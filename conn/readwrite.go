@@ -178,12 +178,7 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 			if c.pendingLocked() {
 				// Behind a pending message (pack.go): post it first, or
 				// pack behind it, or wait until it went.
-				if c.flushPendLocked() {
-					c.mu.Unlock()
-					c.pollNow()
-					c.mu.Lock()
-					continue
-				}
+				c.flushPendPollLocked()
 				if c.pendingLocked() {
 					if c.packLocked(t, b) {
 						c.mu.Unlock()
@@ -191,8 +186,8 @@ func (c *rdmaConn) write(b []byte) (int, error) {
 					}
 					c.creditWait = true
 					c.waitLocked(ch, c.wdl)
-					continue
 				}
+				continue
 			}
 			if t.canSendData() && t.seq-t.done < uint64(t.stageSlots) {
 				break

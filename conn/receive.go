@@ -106,7 +106,7 @@ func (c *rdmaConn) handle(wcs []transport.WorkCompletion) (open, waiter, owed bo
 		}
 	}
 	// Credits or staging may have come for a pending message (pack.go).
-	owed = c.pendingLocked() && c.flushPendLocked()
+	owed = c.flushPendLocked()
 	// A peer that closed sends nothing more: what completes now is this
 	// side's own teardown, not worth a spin.
 	return !c.closed && c.err == nil && !c.rdv.peerClosed, waiter || len(c.recvQ) > 0, owed
