@@ -36,6 +36,7 @@ const (
 	VerbsSL        = "RDMAGRPC_VERBS_SL"
 	VerbsGIDIndex  = "RDMAGRPC_VERBS_GID_INDEX"
 	VerbsRoCEVer   = "RDMAGRPC_VERBS_ROCE_VERSION"
+	VerbsSendDepth = "RDMAGRPC_VERBS_SEND_DEPTH"
 	ShmDir         = "RDMAGRPC_SHM_DIR"
 	prefix         = "RDMAGRPC_"
 	providerAccept = "verbs or shm (either case)"
@@ -79,6 +80,7 @@ var ranged = []rangedVar{
 	{VerbsSL, "the service level of the address vector, as NCCL_IB_SL; unset: rdma_cm's", 0, 15},
 	{VerbsGIDIndex, "the source GID index, as NCCL_IB_GID_INDEX; unset: the one rdma_cm picks", 0, 255},
 	{VerbsRoCEVer, "the RoCE version of the source GID (GID_INDEX wins over it); unset: rdma_cm's, normally 2", 1, 2},
+	{VerbsSendDepth, "the send work requests a queue pair keeps on the device, the rest of its depth held by the provider; 0: all of it on the device; unset: 7", 0, 1 << 15},
 }
 
 func init() {

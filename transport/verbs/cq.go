@@ -60,6 +60,16 @@ type cq struct {
 	grown atomic.Bool // the device queue has its full size: no accounting
 	acct  cqAcct
 
+	// QPs whose send queue is partly held by the provider (sendhold.go),
+	// by number. The provider polls such a CQ itself when a completion
+	// frees room for held WRs; what it polled waits in stash for Poll,
+	// which takes it first (pollMu keeps the order).
+	holdMu sync.Mutex
+	holds  atomic.Pointer[map[uint32]*qp]
+	pollMu sync.Mutex
+	stash  []transport.WorkCompletion
+	nstash atomic.Int32
+
 	overflow atomic.Bool
 	fn       atomic.Pointer[func()] // SetNotify's, called instead of waking Wait
 	woke     chan struct{}          // a wake-up for Wait, buffered so none is lost
@@ -118,22 +128,56 @@ func (c *cq) Poll(wc []transport.WorkCompletion) (int, error) {
 	if len(wc) == 0 {
 		return 0, nil
 	}
+	if c.holds.Load() == nil && c.nstash.Load() == 0 {
+		n, _, _, err := c.pollDevice(wc, nil)
+		return n, err
+	}
+	var buf [2]*qp
+	c.pollMu.Lock()
+	n := c.takeStash(wc)
+	var touched []*qp
+	var err error
+	if n < len(wc) {
+		var m int
+		m, _, touched, err = c.pollDevice(wc[n:], buf[:0])
+		n += m
+	}
+	c.pollMu.Unlock()
+	// After the CQ's locks: a refill posts, and posting counts on the CQ.
+	for _, q := range touched {
+		q.refill()
+	}
+	if n > 0 {
+		return n, nil // an error stays for the next Poll
+	}
+	return n, err
+}
+
+// pollDevice polls the device queue into wc. It returns what is left for
+// the consumer, how many the device gave, and the QPs with held sends
+// that had completions.
+func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw int, _ []*qp, _ error) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.closed {
-		return 0, fmt.Errorf("verbs: Poll on closed CQ: %w", net.ErrClosed)
+		return 0, 0, touched, fmt.Errorf("verbs: Poll on closed CQ: %w", net.ErrClosed)
 	}
 	if c.overflow.Load() {
-		return 0, transport.ErrCQOverflow
+		return 0, 0, touched, transport.ErrCQOverflow
 	}
-	n := C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
-	if n < 0 {
-		return 0, opErr("ibv_poll_cq", n)
+	rc := C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
+	if rc < 0 {
+		return 0, 0, touched, opErr("ibv_poll_cq", rc)
 	}
+	n = int(rc)
 	if n > 0 && !c.grown.Load() {
 		c.polled(wc[:n])
 	}
-	return int(n), nil
+	raw = n
+	if m := c.holds.Load(); m != nil && n > 0 {
+		n, touched = dropForced(*m, wc[:n], touched)
+	}
+	return n, raw, touched, nil
 }
 
 func (c *cq) ReqNotify() error {
@@ -262,6 +306,7 @@ func (cc *compChannel) serve() {
 			c.unacked = 0
 		}
 		cqMu.Unlock()
+		c.serveHolds()
 		c.signal()
 	})
 }

@@ -162,13 +162,13 @@ func (c *cq) begin(n int) (counting bool, err error) {
 
 // sendEnd records the sends posted of those reserved by sendBegin (held
 // until now, so that Poll retires none it does not know of).
-func (q *qp) sendEnd(reserved int, wrs []transport.SendWR, posted int) {
+func (q *qp) sendEnd(reserved int, wrs []C.struct_shim_send, posted int) {
 	c := q.scq
 	c.acct.out -= reserved - posted
 	if s := c.acct.sends[q.num]; s != nil {
 		for i := range wrs[:posted] {
 			s.posted++
-			if wrs[i].Signaled {
+			if wrs[i].flags&C.SHIM_F_SIGNALED != 0 {
 				s.push(s.posted)
 			}
 		}

@@ -30,6 +30,9 @@ type qp struct {
 	cfgC   C.struct_shim_qp_cfg
 	// scq and rcq count what posts may complete on them (cqgrow.go).
 	scq, rcq *cq
+	// hold keeps the send WRs beyond the device queue's depth
+	// (sendhold.go); nil when the device holds the depth asked for.
+	hold *sendHold
 
 	local, remote net.Addr
 	peerPrivate   []byte
@@ -123,8 +126,12 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		return err
 	}
 	q.dev.qpEnv.apply(&a)
+	depth := a.maxSendWR
+	if d := q.dev.qpEnv.sendDepth; d > 0 && d < depth {
+		depth = d
+	}
 	in := C.struct_shim_qp_cfg{
-		max_send_wr: C.uint32_t(a.maxSendWR), max_recv_wr: C.uint32_t(a.maxRecvWR),
+		max_send_wr: C.uint32_t(depth), max_recv_wr: C.uint32_t(a.maxRecvWR),
 		max_send_sge: C.uint32_t(a.maxSendSGE), max_recv_sge: C.uint32_t(a.maxRecvSGE),
 		max_inline: C.uint32_t(a.maxInline),
 		timeout:    C.uint8_t(a.timeout), retry_cnt: C.uint8_t(a.retryCnt),
@@ -150,7 +157,13 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	scq.attachSend(q.num)
 	// Keep what the device granted: it can round capacities up.
 	q.attrs = a
-	q.attrs.maxSendWR, q.attrs.maxRecvWR = int(q.cfgC.max_send_wr), int(q.cfgC.max_recv_wr)
+	q.attrs.maxRecvWR = int(q.cfgC.max_recv_wr)
+	if granted := int(q.cfgC.max_send_wr); granted < a.maxSendWR {
+		q.hold = newSendHold(a.maxSendWR, granted)
+		scq.attachHold(q)
+	} else {
+		q.attrs.maxSendWR = granted
+	}
 	q.attrs.maxSendSGE, q.attrs.maxRecvSGE = int(q.cfgC.max_send_sge), int(q.cfgC.max_recv_sge)
 	q.attrs.maxInline = int(q.cfgC.max_inline)
 	if err := q.moveTo(C.IBV_QPS_INIT); err != nil {
@@ -263,6 +276,7 @@ func (q *qp) destroy() {
 	if q.qp != nil {
 		C.shim_ibv_destroy_qp(q.qp)
 		q.scq.detachSend(q.num)
+		q.scq.detachHold(q.num)
 	}
 	if q.id != nil {
 		C.shim_rdma_destroy_id(q.id) // refuses a request not yet answered
@@ -340,6 +354,7 @@ func (q *qp) Close() error {
 		err = errors.Join(err, opErr("ibv_destroy_qp", rc))
 	} else {
 		q.scq.detachSend(q.num)
+		q.scq.detachHold(q.num)
 	}
 	C.shim_rdma_destroy_id(q.id)
 	q.discOnce.Do(func() { close(q.disc) })
@@ -434,7 +449,7 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 		})
 		q.sges = appendSGEs(q.sges, sg)
 	}
-	n, err := q.postSendBuilt(wrs)
+	n, err := q.postSendBuilt()
 	if err != nil {
 		return n, err
 	}
@@ -442,17 +457,25 @@ func (q *qp) PostSend(wrs ...transport.SendWR) (int, error) {
 }
 
 // postSendBuilt posts q.sendWRs, built from a prefix of wrs.
-func (q *qp) postSendBuilt(wrs []transport.SendWR) (int, error) {
+func (q *qp) postSendBuilt() (int, error) {
 	if len(q.sendWRs) == 0 {
 		return 0, nil
 	}
-	k := len(q.sendWRs)
+	if q.hold != nil {
+		return q.postHolding()
+	}
+	return q.postC(q.sendWRs, q.sges)
+}
+
+// postC posts wrs, whose SGEs are sges in order, to the device.
+func (q *qp) postC(wrs []C.struct_shim_send, sges []C.struct_ibv_sge) (int, error) {
+	k := len(wrs)
 	counting, err := q.sendBegin(k)
 	if err != nil {
 		return 0, fmt.Errorf("verbs: QP %d: %w", q.num, err)
 	}
 	var posted C.int
-	rc := C.shim_post_send(q.qp, unsafe.SliceData(q.sendWRs), C.int(k), sgePtr(q.sges), &posted)
+	rc := C.shim_post_send(q.qp, unsafe.SliceData(wrs), C.int(k), sgePtr(sges), &posted)
 	if counting {
 		q.sendEnd(k, wrs, int(posted))
 	}

@@ -34,19 +34,25 @@ const (
 	// version (default: rdma_cm's, which follows the kernel's
 	// default_roce_mode, normally v2). GIDIndexEnv wins over it.
 	RoCEVersionEnv = settings.VerbsRoCEVer
+	// SendDepthEnv: how many send WRs a QP keeps in the device's queue;
+	// the rest of the depth asked for is held by the provider
+	// (sendhold.go). 0 puts all of it on the device; default 7, one page
+	// of rxe's send queue.
+	SendDepthEnv = settings.VerbsSendDepth
 )
 
 // qpEnv holds the overrides; -1: unset.
-type qpEnv struct{ timeout, retry, rnr, rnrTimer, sl, gidIndex, roce int }
+type qpEnv struct{ timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth int }
 
 func readQPEnv() (qpEnv, error) {
-	e := qpEnv{-1, -1, -1, -1, -1, -1, -1}
+	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth}
 	for _, x := range []struct {
 		name string
 		dst  *int
 	}{
 		{TimeoutEnv, &e.timeout}, {RetryCountEnv, &e.retry}, {RNRRetryEnv, &e.rnr}, {MinRNRTimerEnv, &e.rnrTimer},
 		{ServiceLevelEnv, &e.sl}, {GIDIndexEnv, &e.gidIndex}, {RoCEVersionEnv, &e.roce},
+		{SendDepthEnv, &e.sendDepth},
 	} {
 		n, set, err := settings.Range(x.name)
 		if err != nil {
