@@ -65,7 +65,7 @@ type cq struct {
 	// frees room for held WRs; what it polled waits in stash for Poll,
 	// which takes it first (pollMu keeps the order).
 	holdMu sync.Mutex
-	holds  atomic.Pointer[map[uint32]*qp]
+	holds  atomic.Pointer[[]*qp]
 	pollMu sync.Mutex
 	stash  []transport.WorkCompletion
 	nstash atomic.Int32

@@ -5,6 +5,7 @@ import "C"
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -35,15 +36,28 @@ const initialCQE = 15
 // cqAcct counts, while the CQ's device queue is small, the completions
 // that may still arrive on it.
 type cqAcct struct {
-	mu    sync.Mutex
-	out   int
-	sends map[uint32]*sendAcct // by QP number, the QPs whose send CQ this is
+	mu  sync.Mutex
+	out int
+	// The QPs whose send CQ this is: one, for a connection's CQ (a
+	// slice, not a map: a map of one costs every connection 200 bytes).
+	sends []*sendAcct
+}
+
+// send is QP num's account, or nil.
+func (a *cqAcct) send(num uint32) *sendAcct {
+	for _, s := range a.sends {
+		if s.num == num {
+			return s
+		}
+	}
+	return nil
 }
 
 // sendAcct is one QP's send queue as its send CQ counts it: WRs posted
 // and retired, and the positions of the signaled WRs not yet completed,
 // oldest first.
 type sendAcct struct {
+	num             uint32
 	posted, retired uint64
 	signaled        []uint64
 	head            int
@@ -63,17 +77,14 @@ func (c *cq) attachSend(num uint32) {
 	}
 	c.acct.mu.Lock()
 	defer c.acct.mu.Unlock()
-	if c.acct.sends == nil {
-		c.acct.sends = make(map[uint32]*sendAcct, 1)
-	}
-	c.acct.sends[num] = &sendAcct{}
+	c.acct.sends = append(c.acct.sends, &sendAcct{num: num})
 }
 
 // detachSend forgets a destroyed QP's sends; what it left outstanding
 // stays counted (its completions may still be polled).
 func (c *cq) detachSend(num uint32) {
 	c.acct.mu.Lock()
-	delete(c.acct.sends, num)
+	c.acct.sends = slices.DeleteFunc(c.acct.sends, func(s *sendAcct) bool { return s.num == num })
 	c.acct.mu.Unlock()
 }
 
@@ -127,7 +138,7 @@ func (c *cq) polled(wc []transport.WorkCompletion) {
 		case transport.WCRecv, transport.WCRecvRDMAWithImm:
 			c.acct.out--
 		default:
-			s := c.acct.sends[w.QPNum]
+			s := c.acct.send(w.QPNum)
 			if s == nil || s.head == len(s.signaled) {
 				continue
 			}
@@ -165,7 +176,7 @@ func (c *cq) begin(n int) (counting bool, err error) {
 func (q *qp) sendEnd(reserved int, wrs []C.struct_shim_send, posted int) {
 	c := q.scq
 	c.acct.out -= reserved - posted
-	if s := c.acct.sends[q.num]; s != nil {
+	if s := c.acct.send(q.num); s != nil {
 		for i := range wrs[:posted] {
 			s.posted++
 			if wrs[i].flags&C.SHIM_F_SIGNALED != 0 {

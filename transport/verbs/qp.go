@@ -59,7 +59,9 @@ type qp struct {
 }
 
 func newQPEndpoint(d *device) *qp {
-	return &qp{dev: d, setupEvents: make(chan cmEvent, 16), disc: make(chan struct{})}
+	// Set-up waits for one event at a time; a few more (an error
+	// racing the step's own event) fit, and the rest are dropped.
+	return &qp{dev: d, setupEvents: make(chan cmEvent, 4), disc: make(chan struct{})}
 }
 
 // onEvent runs on the dispatcher goroutine.

@@ -379,44 +379,48 @@ func (c *cq) serveHolds() {
 }
 
 // attachHold makes Poll drop q's unasked-for completions and refill q.
+// The list is copied on write: Poll reads it without a lock.
 func (c *cq) attachHold(q *qp) {
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
-	m := map[uint32]*qp{q.num: q}
+	var l []*qp
 	if old := c.holds.Load(); old != nil {
-		for k, v := range *old {
-			m[k] = v
-		}
+		l = slices.Clone(*old)
 	}
-	c.holds.Store(&m)
+	l = append(l, q)
+	c.holds.Store(&l)
 }
 
 func (c *cq) detachHold(num uint32) {
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
 	old := c.holds.Load()
-	if old == nil || (*old)[num] == nil {
+	if old == nil {
 		return
 	}
-	if len(*old) == 1 {
+	l := slices.DeleteFunc(slices.Clone(*old), func(q *qp) bool { return q.num == num })
+	if len(l) == 0 {
 		c.holds.Store(nil)
 		return
 	}
-	m := make(map[uint32]*qp, len(*old)-1)
-	for k, v := range *old {
-		if k != num {
-			m[k] = v
+	c.holds.Store(&l)
+}
+
+func holdOf(l []*qp, num uint32) *qp {
+	for _, q := range l {
+		if q.num == num {
+			return q
 		}
 	}
-	c.holds.Store(&m)
+	return nil
 }
 
 // dropForced removes from wc the completions the consumer did not ask
 // for, and returns how many remain and the QPs that had completions.
-func dropForced(m map[uint32]*qp, wc []transport.WorkCompletion, touched []*qp) (int, []*qp) {
+func dropForced(l []*qp, wc []transport.WorkCompletion, touched []*qp) (int, []*qp) {
 	j := 0
 	for i := range wc {
-		q := m[wc[i].QPNum]
+		q := holdOf(l, wc[i].QPNum)
 		if q != nil {
 			if len(touched) == 0 || touched[len(touched)-1] != q {
 				touched = appendOnce(touched, q)
