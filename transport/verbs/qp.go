@@ -176,6 +176,9 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	if n, err := q.PostRecv(cfg.InitialRecvs...); err != nil || n < len(cfg.InitialRecvs) {
 		return fmt.Errorf("verbs: QP %d: initial receives: %d of %d posted: %w", q.num, n, len(cfg.InitialRecvs), err)
 	}
+	// The scratch the initial receives were built in is the largest
+	// batch most QPs ever post: later posts grow their own.
+	q.recvWRs, q.sges = nil, nil
 	return nil
 }
 

@@ -41,6 +41,10 @@ const (
 	SendDepthEnv = settings.VerbsSendDepth
 )
 
+// defaultSendDepth is the send queue a QP keeps on the device unless
+// SendDepthEnv says otherwise (sendhold.go).
+const defaultSendDepth = 7
+
 // qpEnv holds the overrides; -1: unset.
 type qpEnv struct{ timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth int }
 

@@ -34,7 +34,6 @@ import (
 // signaled or not). Held WRs need no help from the consumer: while there
 // are any, the provider arms the CQ, and the event's Poll is its own
 // (serveHolds), its completions kept for the consumer's next Poll.
-const defaultSendDepth = 7
 
 // sendHold is the part of a QP's send queue that the device does not hold.
 type sendHold struct {
