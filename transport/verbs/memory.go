@@ -78,6 +78,12 @@ func (m *memRegistry) pin(mem []byte) (*region, error) {
 	hi := lo + uintptr(len(mem))
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Memory is nearly always registered whole, from its base: found at
+	// once, where a scan would make set-up quadratic in the connections.
+	if r := m.regions[lo]; r != nil && hi <= lo+uintptr(r.size) {
+		r.mrs++
+		return r, nil
+	}
 	for base, r := range m.regions {
 		if lo >= base && hi <= base+uintptr(r.size) {
 			r.mrs++
