@@ -457,6 +457,17 @@ func (o Opcode) String() string {
 	return "Opcode(?)"
 }
 
+// Completion is the opcode a send WR of opcode o completes with.
+func (o Opcode) Completion() WCOpcode {
+	switch o {
+	case OpWrite, OpWriteWithImm:
+		return WCRDMAWrite
+	case OpRead:
+		return WCRDMARead
+	}
+	return WCSend
+}
+
 // SGE is a scatter-gather element in local registered memory.
 type SGE struct {
 	Addr   uint64

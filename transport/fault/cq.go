@@ -128,7 +128,7 @@ func (c *cq) translate(wc transport.WorkCompletion, now time.Time) {
 		case e.drop && wc.Status == transport.StatusSuccess:
 			wc.ByteLen = e.length
 		}
-		wc.Opcode = sendWCOpcode(e.wr.Opcode)
+		wc.Opcode = e.wr.Opcode.Completion()
 		if e.drop && !e.wr.Signaled && wc.Status == transport.StatusSuccess {
 			return // cannot happen: an unsignaled success is silent
 		}
@@ -194,16 +194,6 @@ func clip(sg []transport.SGE, n uint32) []transport.SGE {
 		out = append(out, s)
 	}
 	return out
-}
-
-func sendWCOpcode(op transport.Opcode) transport.WCOpcode {
-	switch op {
-	case transport.OpWrite, transport.OpWriteWithImm:
-		return transport.WCRDMAWrite
-	case transport.OpRead:
-		return transport.WCRDMARead
-	}
-	return transport.WCSend
 }
 
 // Wait returns when the inner queue notifies, or when a completion held

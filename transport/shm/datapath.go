@@ -141,7 +141,7 @@ func (q *qp) run(op *sendOp) bool {
 	if st != transport.StatusSuccess || op.wr.Signaled {
 		wc := transport.WorkCompletion{ID: op.wr.ID, Status: st, QPNum: q.num}
 		if st == transport.StatusSuccess {
-			wc.Opcode, wc.ByteLen = wcOpcode(op), op.length()
+			wc.Opcode, wc.ByteLen = op.wr.Opcode.Completion(), op.length()
 		}
 		q.scq.push(cqe{wc: wc, q: q, sqIdx: op.idx, send: true})
 	}
@@ -155,16 +155,6 @@ func (q *qp) run(op *sendOp) bool {
 		}
 	}
 	return true
-}
-
-func wcOpcode(op *sendOp) transport.WCOpcode {
-	switch op.wr.Opcode {
-	case transport.OpWrite, transport.OpWriteWithImm:
-		return transport.WCRDMAWrite
-	case transport.OpRead:
-		return transport.WCRDMARead
-	}
-	return transport.WCSend
 }
 
 func (op *sendOp) length() uint32 {

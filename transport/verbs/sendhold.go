@@ -292,11 +292,14 @@ func (q *qp) drainLocked() {
 	h.nheld.Store(int32(len(h.held)))
 }
 
-// shimWCOpcode is the completion opcode of a send opcode.
-var shimWCOpcode = map[C.uint8_t]transport.WCOpcode{
-	C.SHIM_OP_SEND: transport.WCSend, C.SHIM_OP_SEND_IMM: transport.WCSend,
-	C.SHIM_OP_WRITE: transport.WCRDMAWrite, C.SHIM_OP_WRITE_IMM: transport.WCRDMAWrite,
-	C.SHIM_OP_READ: transport.WCRDMARead,
+// completionOf is the completion opcode of a built WR.
+func completionOf(w *C.struct_shim_send) transport.WCOpcode {
+	for op, s := range shimOpcodes {
+		if s == w.opcode {
+			return transport.Opcode(op).Completion()
+		}
+	}
+	return transport.WCSend
 }
 
 // flushHeld queues flush completions for WRs the device would not take,
@@ -306,7 +309,7 @@ func (c *cq) flushHeld(num uint32, held []heldSend) {
 	c.pollMu.Lock()
 	for _, e := range held {
 		c.stash = append(c.stash, transport.WorkCompletion{ID: uint64(e.wr.wr_id), Status: transport.StatusWRFlushErr,
-			Opcode: shimWCOpcode[e.wr.opcode], QPNum: num})
+			Opcode: completionOf(&e.wr), QPNum: num})
 	}
 	c.nstash.Store(int32(len(c.stash)))
 	c.pollMu.Unlock()
