@@ -38,6 +38,7 @@ import (
 // sendHold is the part of a QP's send queue that the device does not hold.
 type sendHold struct {
 	limit int // the depth the consumer asked for
+	depth int // the device queue's
 	every int // the longest run of unsignaled WRs on the device
 
 	// posting is set while a post or a drain runs: a Poll that retired
@@ -69,8 +70,12 @@ type heldSend struct {
 }
 
 func newSendHold(limit, depth int) *sendHold {
-	return &sendHold{limit: limit, every: max(1, (depth+1)/2)}
+	return &sendHold{limit: limit, depth: depth, every: max(1, (depth+1)/2)}
 }
+
+// waiting: WRs are held, or a post running may hold some the device
+// refused before completions polled meanwhile made room.
+func (h *sendHold) waiting() bool { return h.nheld.Load() > 0 || h.posting.Load() }
 
 // completed takes the oldest signaled WR's mark: true if the consumer did
 // not ask for its completion.
@@ -210,12 +215,10 @@ func (q *qp) postHolding() (int, error) {
 	return k, full
 }
 
-// refill posts what is held after a Poll took completions of q. Nothing
-// to do unless WRs are held or a post is running (it may hold WRs the
-// device refused before those completions were polled).
+// refill posts what is held after a Poll took completions of q.
 func (q *qp) refill() {
 	h := q.hold
-	if h.nheld.Load() == 0 && !h.posting.Load() {
+	if !h.waiting() {
 		return
 	}
 	q.mu.RLock()
@@ -263,7 +266,8 @@ func (q *qp) drainLocked() {
 	for len(h.held) > 0 {
 		q.sendWRs = q.sendWRs[:0]
 		q.sges = q.sges[:0]
-		for i := range h.held {
+		// The device takes at most its depth at once.
+		for i := range h.held[:min(len(h.held), h.depth)] {
 			e := &h.held[i]
 			q.sendWRs = append(q.sendWRs, e.wr)
 			if len(e.data) > 0 {
@@ -365,14 +369,7 @@ func (c *cq) serveHolds() {
 	if m == nil {
 		return
 	}
-	waiting := false
-	for _, q := range *m {
-		if q.hold.nheld.Load() > 0 || q.hold.posting.Load() {
-			waiting = true
-			break
-		}
-	}
-	if !waiting {
+	if !slices.ContainsFunc(*m, func(q *qp) bool { return q.hold.waiting() }) {
 		return
 	}
 	for _, q := range c.stashPoll() {
@@ -424,9 +421,7 @@ func dropForced(l []*qp, wc []transport.WorkCompletion, touched []*qp) (int, []*
 	for i := range wc {
 		q := holdOf(l, wc[i].QPNum)
 		if q != nil {
-			if len(touched) == 0 || touched[len(touched)-1] != q {
-				touched = appendOnce(touched, q)
-			}
+			touched = appendOnce(touched, q)
 			// An error completion's opcode is undefined, and it is
 			// reported whether signaled or not: it passes.
 			if wc[i].Status == transport.StatusSuccess && isSendWC(wc[i].Opcode) && q.hold.completed() {
