@@ -37,6 +37,7 @@ const (
 	VerbsGIDIndex  = "RDMAGRPC_VERBS_GID_INDEX"
 	VerbsRoCEVer   = "RDMAGRPC_VERBS_ROCE_VERSION"
 	VerbsSendDepth = "RDMAGRPC_VERBS_SEND_DEPTH"
+	VerbsRecvDepth = "RDMAGRPC_VERBS_RECV_DEPTH"
 	ShmDir         = "RDMAGRPC_SHM_DIR"
 	prefix         = "RDMAGRPC_"
 	providerAccept = "verbs or shm (either case)"
@@ -81,6 +82,7 @@ var ranged = []rangedVar{
 	{VerbsGIDIndex, "the source GID index, as NCCL_IB_GID_INDEX; unset: the one rdma_cm picks", 0, 255},
 	{VerbsRoCEVer, "the RoCE version of the source GID (GID_INDEX wins over it); unset: rdma_cm's, normally 2", 1, 2},
 	{VerbsSendDepth, "the send work requests a queue pair keeps on the device, the rest of its depth held by the provider; 0: all of it on the device; unset: 7", 0, 1 << 15},
+	{VerbsRecvDepth, "the depth of the shared receive queue a queue pair starts with, grown to the depth asked for when full; 0: a receive queue of its own, of the full depth; unset: 31", 0, 1 << 15},
 }
 
 func init() {

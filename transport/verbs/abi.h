@@ -251,7 +251,10 @@ struct ibv_context_ops {
 	void *slots_0_10[11];
 	int (*poll_cq)(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
 	int (*req_notify_cq)(struct ibv_cq *cq, int solicited_only);
-	void *slots_13_24[12];
+	void *slots_13_19[7];
+	int (*post_srq_recv)(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			     struct ibv_recv_wr **bad_wr);
+	void *slots_21_24[4];
 	int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 	int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 	void *slots_27_31[5];
@@ -293,6 +296,25 @@ struct ibv_qp {
 	int state;   // enum ibv_qp_state
 	int qp_type; // enum ibv_qp_type
 };
+
+// Prefix: allocated by libibverbs.
+struct ibv_srq {
+	struct ibv_context *context;
+	void *srq_context;
+	struct ibv_pd *pd;
+	uint32_t handle;
+};
+
+struct ibv_srq_attr {
+	uint32_t max_wr, max_sge, srq_limit;
+};
+
+struct ibv_srq_init_attr {
+	void *srq_context;
+	struct ibv_srq_attr attr;
+};
+
+enum { IBV_SRQ_MAX_WR = 1 << 0 };
 
 struct ibv_mr {
 	struct ibv_context *context;
@@ -395,6 +417,9 @@ struct rdma_cm_event {
 	X(int, ibv_query_qp, (struct ibv_qp *, struct ibv_qp_attr *, int,                      \
 			      struct ibv_qp_init_attr *))                                      \
 	X(int, ibv_destroy_qp, (struct ibv_qp *))                                              \
+	X(struct ibv_srq *, ibv_create_srq, (struct ibv_pd *, struct ibv_srq_init_attr *))     \
+	X(int, ibv_modify_srq, (struct ibv_srq *, struct ibv_srq_attr *, int))                 \
+	X(int, ibv_destroy_srq, (struct ibv_srq *))                                            \
 	X(int, ibv_query_device, (struct ibv_context *, struct ibv_device_attr *))             \
 	X(int, ibv_query_port, (struct ibv_context *, uint8_t, struct ibv_port_attr *))        \
 	X(int, ibv_query_gid, (struct ibv_context *, uint8_t, int, union ibv_gid *))           \

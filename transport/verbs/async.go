@@ -9,8 +9,9 @@ import (
 
 // asyncReader reads the async events of one verbs context (shared by every
 // Device opened on it: rdma_cm hands out one context per device per
-// process). Its only job today is CQ overflow: IBV_EVENT_CQ_ERR marks the
-// CQ so that Poll reports ErrCQOverflow.
+// process). IBV_EVENT_CQ_ERR marks the CQ so that Poll reports
+// ErrCQOverflow; a QP's asynchronous error flushes the receives of its
+// shared queue (srq.go).
 type asyncReader struct {
 	ctx  *C.struct_ibv_context
 	poll *pollFD
@@ -61,7 +62,12 @@ func (r *asyncReader) serve() {
 	defer close(r.done)
 	var ev C.struct_shim_async
 	r.poll.serve("ibv_get_async_event", func() C.int { return C.shim_get_async_event(r.ctx, &ev) }, func() {
-		if ev.event != C.IBV_EVENT_CQ_ERR {
+		switch ev.event {
+		case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR:
+			asyncQPFailed(r.ctx, uint32(ev.qp_num))
+			return
+		case C.IBV_EVENT_CQ_ERR:
+		default:
 			return
 		}
 		cqMu.Lock()

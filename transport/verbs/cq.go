@@ -66,6 +66,9 @@ type cq struct {
 	// which takes it first (pollMu keeps the order).
 	holdMu sync.Mutex
 	holds  atomic.Pointer[[]*qp]
+	// QPs that receive through shared queues of their own (srq.go),
+	// whose receives the provider tracks.
+	rqs    atomic.Pointer[[]*qp]
 	pollMu sync.Mutex
 	stash  []transport.WorkCompletion
 	nstash atomic.Int32
@@ -165,19 +168,36 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 	if c.overflow.Load() {
 		return 0, 0, touched, transport.ErrCQOverflow
 	}
-	rc := C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
-	if rc < 0 {
-		return 0, 0, touched, opErr("ibv_poll_cq", rc)
+	for {
+		rc := C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
+		if rc < 0 {
+			return 0, 0, touched, opErr("ibv_poll_cq", rc)
+		}
+		n = int(rc)
+		if n > 0 && !c.grown.Load() {
+			c.polled(wc[:n])
+		}
+		raw = n
+		if m := c.holds.Load(); m != nil && n > 0 {
+			n, touched = dropForced(*m, wc[:n], touched)
+		}
+		if l := c.rqs.Load(); l != nil {
+			if n > 0 {
+				n = trackRecvs(*l, wc[:n])
+			}
+			if raw < len(wc) {
+				// The device has nothing more: a failed QP's receives flush.
+				n += flushFailed(*l, wc[n:])
+			}
+		}
+		// A full batch that was all the provider's own (completions the
+		// consumer did not ask for, receives already flushed) says
+		// nothing of what is left: returning none would have the
+		// consumer take the queue for empty and sleep on it.
+		if n > 0 || raw < len(wc) {
+			return n, raw, touched, nil
+		}
 	}
-	n = int(rc)
-	if n > 0 && !c.grown.Load() {
-		c.polled(wc[:n])
-	}
-	raw = n
-	if m := c.holds.Load(); m != nil && n > 0 {
-		n, touched = dropForced(*m, wc[:n], touched)
-	}
-	return n, raw, touched, nil
 }
 
 func (c *cq) ReqNotify() error {

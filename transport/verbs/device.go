@@ -30,6 +30,9 @@ type device struct {
 	// cqGrows: the device resizes CQs, so a CQ starts at initialCQE and
 	// grows before it could be needed (cqgrow.go).
 	cqGrows bool
+	// maxSRQ and maxSRQWR: the shared receive queues the device has, and
+	// their depth (srq.go); 0 if it has none.
+	maxSRQ, maxSRQWR int
 
 	cm      *cmChannel
 	qpEnv   qpEnv        // the environment's overrides of the RC attributes
@@ -82,6 +85,7 @@ func newDevice(ctx *C.struct_ibv_context, list **C.struct_ibv_context, ndev int)
 		MaxQPRdAtom: int(a.max_qp_rd_atom),
 	}
 	d.cqGrows = C.shim_probe_resize_cq(ctx) != 0
+	d.maxSRQ, d.maxSRQWR = int(a.max_srq), int(a.max_srq_wr)
 	d.initDepth = uint8(min(int(a.max_qp_init_rd_atom), maxRdAtomic))
 	d.respRes = uint8(min(int(a.max_qp_rd_atom), maxRdAtomic))
 	if d.async, err = acquireAsync(ctx); err != nil {

@@ -71,6 +71,7 @@ type side struct {
 	mr     transport.MR
 	qp     transport.QP
 	access transport.Access
+	mod    func(*transport.QPConfig) // changes cfg's configuration
 }
 
 func newSide(t *testing.T, d transport.Device, access transport.Access) *side {
@@ -94,8 +95,12 @@ func newSide(t *testing.T, d transport.Device, access transport.Access) *side {
 }
 
 func (s *side) cfg() transport.QPConfig {
-	return transport.QPConfig{PD: s.pd, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 16, MaxRecvWR: 16,
+	c := transport.QPConfig{PD: s.pd, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 16, MaxRecvWR: 16,
 		MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}
+	if s.mod != nil {
+		s.mod(&c)
+	}
+	return c
 }
 
 func (s *side) close() {
@@ -150,10 +155,17 @@ func (s *side) next(ctx context.Context) transport.WorkCompletion {
 // pair connects a client and a server on d and returns both sides.
 func pair(t *testing.T, d transport.Device, cliPriv, srvPriv []byte) (cli, srv *side) {
 	t.Helper()
+	return pairWith(t, d, cliPriv, srvPriv, nil)
+}
+
+// pairWith is pair with both QPs' configuration changed by mod.
+func pairWith(t *testing.T, d transport.Device, cliPriv, srvPriv []byte, mod func(*transport.QPConfig)) (cli, srv *side) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	all := transport.AccessLocalWrite | transport.AccessRemoteWrite | transport.AccessRemoteRead
 	cli, srv = newSide(t, d, all), newSide(t, d, all)
+	cli.mod, srv.mod = mod, mod
 	l, err := d.Listen(net.JoinHostPort(hostIP(t, d), "0"))
 	if err != nil {
 		t.Fatal(err)

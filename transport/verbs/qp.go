@@ -33,6 +33,9 @@ type qp struct {
 	// hold keeps the send WRs beyond the device queue's depth
 	// (sendhold.go); nil when the device holds the depth asked for.
 	hold *sendHold
+	// rq is the shared receive queue the QP receives through (srq.go);
+	// nil when it has a receive queue of its own.
+	rq *recvQueue
 
 	local, remote net.Addr
 	peerPrivate   []byte
@@ -73,6 +76,7 @@ func (q *qp) onEvent(ev cmEvent) {
 			// it to ERROR so outstanding work flushes, as the
 			// interface promises.
 			C.shim_qp_set_state(q.qp, C.IBV_QPS_ERR)
+			q.fail()
 		}
 		q.mu.RUnlock()
 		q.discOnce.Do(func() { close(q.disc) })
@@ -132,6 +136,13 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	if d := q.dev.qpEnv.sendDepth; d > 0 && d < depth {
 		depth = d
 	}
+	var srq *C.struct_ibv_srq
+	if start := q.dev.recvDepthFor(&a, len(cfg.InitialRecvs)); start > 0 {
+		if err := q.newRecvQueue(p, &a, start); err != nil {
+			return err
+		}
+		srq = q.rq.srq
+	}
 	in := C.struct_shim_qp_cfg{
 		max_send_wr: C.uint32_t(depth), max_recv_wr: C.uint32_t(a.maxRecvWR),
 		max_send_sge: C.uint32_t(a.maxSendSGE), max_recv_sge: C.uint32_t(a.maxRecvSGE),
@@ -144,9 +155,13 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	closed := p.closed
 	var h *C.struct_ibv_qp
 	if !closed {
-		h, err = C.shim_create_qp(p.pd, scq.cq, rcq.cq, &in, &q.cfgC)
+		h, err = C.shim_create_qp(p.pd, scq.cq, rcq.cq, srq, &in, &q.cfgC)
 	}
 	p.mu.Unlock()
+	if h == nil && q.rq != nil {
+		C.shim_destroy_srq(q.rq.srq)
+		q.rq = nil
+	}
 	if closed {
 		return fmt.Errorf("verbs: QPConfig.PD is closed: %w", net.ErrClosed)
 	}
@@ -159,14 +174,20 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	scq.attachSend(q.num)
 	// Keep what the device granted: it can round capacities up.
 	q.attrs = a
-	q.attrs.maxRecvWR = int(q.cfgC.max_recv_wr)
+	if q.rq != nil {
+		rcq.attachRecvs(q)
+		registerRecvQueue(q)
+	} else {
+		q.attrs.maxRecvWR = int(q.cfgC.max_recv_wr)
+		q.attrs.maxRecvSGE = int(q.cfgC.max_recv_sge)
+	}
 	if granted := int(q.cfgC.max_send_wr); granted < a.maxSendWR {
 		q.hold = newSendHold(a.maxSendWR, granted)
 		scq.attachHold(q)
 	} else {
 		q.attrs.maxSendWR = granted
 	}
-	q.attrs.maxSendSGE, q.attrs.maxRecvSGE = int(q.cfgC.max_send_sge), int(q.cfgC.max_recv_sge)
+	q.attrs.maxSendSGE = int(q.cfgC.max_send_sge)
 	q.attrs.maxInline = int(q.cfgC.max_inline)
 	if err := q.moveTo(C.IBV_QPS_INIT); err != nil {
 		return err
@@ -282,6 +303,7 @@ func (q *qp) destroy() {
 		C.shim_ibv_destroy_qp(q.qp)
 		q.scq.detachSend(q.num)
 		q.scq.detachHold(q.num)
+		q.destroyRecvQueue()
 	}
 	if q.id != nil {
 		C.shim_rdma_destroy_id(q.id) // refuses a request not yet answered
@@ -314,7 +336,11 @@ func (q *qp) SetError() error {
 	if q.closed {
 		return fmt.Errorf("verbs: SetError on closed QP: %w", net.ErrClosed)
 	}
-	return opErr("ibv_modify_qp(ERR)", C.shim_qp_set_state(q.qp, C.IBV_QPS_ERR))
+	err := opErr("ibv_modify_qp(ERR)", C.shim_qp_set_state(q.qp, C.IBV_QPS_ERR))
+	if err == nil {
+		q.fail()
+	}
+	return err
 }
 
 func (q *qp) Disconnect() error {
@@ -332,6 +358,7 @@ func (q *qp) disconnectLocked() error {
 	}
 	q.disconnected = true
 	err := opErr("ibv_modify_qp(ERR)", C.shim_qp_set_state(q.qp, C.IBV_QPS_ERR))
+	q.fail()
 	if rc, cerr := C.shim_rdma_disconnect(q.id); rc != 0 && !errors.Is(cerr, syscall.EINVAL) {
 		// EINVAL: the peer disconnected first; nothing left to tell.
 		err = errors.Join(err, fmt.Errorf("verbs: rdma_disconnect: %w", errnoNow(cerr)))
@@ -360,6 +387,7 @@ func (q *qp) Close() error {
 	} else {
 		q.scq.detachSend(q.num)
 		q.scq.detachHold(q.num)
+		q.destroyRecvQueue()
 	}
 	C.shim_rdma_destroy_id(q.id)
 	q.discOnce.Do(func() { close(q.disc) })
@@ -518,7 +546,14 @@ func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
 		return 0, fmt.Errorf("verbs: QP %d: %w", q.num, err)
 	}
 	var posted C.int
-	rc := C.shim_post_recv(q.qp, unsafe.SliceData(q.recvWRs), C.int(k), sgePtr(q.sges), &posted)
+	var rc C.int
+	if q.rq != nil {
+		var done int
+		done, rc = q.postShared()
+		posted = C.int(done)
+	} else {
+		rc = C.shim_post_recv(q.qp, unsafe.SliceData(q.recvWRs), C.int(k), sgePtr(q.sges), &posted)
+	}
 	if counting {
 		q.recvEnd(k, int(posted))
 	}

@@ -39,24 +39,35 @@ const (
 	// (sendhold.go). 0 puts all of it on the device; default 7, one page
 	// of rxe's send queue.
 	SendDepthEnv = settings.VerbsSendDepth
+	// RecvDepthEnv: the depth of the shared receive queue a QP starts
+	// with, grown to the depth asked for when a post finds it full
+	// (srq.go). 0 gives each QP a receive queue of its own, of the full
+	// depth; default 31, one page of rxe's queue at one scatter entry.
+	RecvDepthEnv = settings.VerbsRecvDepth
 )
 
 // defaultSendDepth is the send queue a QP keeps on the device unless
 // SendDepthEnv says otherwise (sendhold.go).
 const defaultSendDepth = 7
 
+// defaultRecvDepth is the shared receive queue a QP starts with unless
+// RecvDepthEnv says otherwise (srq.go).
+const defaultRecvDepth = 31
+
 // qpEnv holds the overrides; -1: unset.
-type qpEnv struct{ timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth int }
+type qpEnv struct {
+	timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth, recvDepth int
+}
 
 func readQPEnv() (qpEnv, error) {
-	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth}
+	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth, defaultRecvDepth}
 	for _, x := range []struct {
 		name string
 		dst  *int
 	}{
 		{TimeoutEnv, &e.timeout}, {RetryCountEnv, &e.retry}, {RNRRetryEnv, &e.rnr}, {MinRNRTimerEnv, &e.rnrTimer},
 		{ServiceLevelEnv, &e.sl}, {GIDIndexEnv, &e.gidIndex}, {RoCEVersionEnv, &e.roce},
-		{SendDepthEnv, &e.sendDepth},
+		{SendDepthEnv, &e.sendDepth}, {RecvDepthEnv, &e.recvDepth},
 	} {
 		n, set, err := settings.Range(x.name)
 		if err != nil {

@@ -97,3 +97,26 @@ func TestVerbsSendsBeyondTheDeviceQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestVerbsPollOfOneSeesPastUnaskedCompletions: behind completions the
+// provider asked for and drops, a Poll with room for one still finds the
+// consumer's. A batch the provider dropped whole once read as an empty
+// queue: the consumer armed it and waited for an event that had come.
+func TestVerbsPollOfOneSeesPastUnaskedCompletions(t *testing.T) {
+	d := openOrSkip(t)
+	cli, srv := pairWith(t, d, nil, nil, func(c *transport.QPConfig) { c.MaxSendWR = 64 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 64 // fifteen the provider signaled before the one asked for
+	var wrs []transport.SendWR
+	for i := range n {
+		wrs = append(wrs, transport.SendWR{ID: uint64(i), Opcode: transport.OpWrite, SG: cli.sge(i*8, 8),
+			RemoteAddr: srv.mr.Addr() + uint64(i*8), RKey: srv.mr.RKey(), Signaled: i == n-1})
+	}
+	if k, err := cli.qp.PostSend(wrs...); k != n || err != nil {
+		t.Fatalf("PostSend: %d, %v", k, err)
+	}
+	if wc := cli.next(ctx); wc.Err() != nil || wc.ID != n-1 {
+		t.Fatalf("completion %+v, want ID %d", wc, n-1)
+	}
+}

@@ -60,8 +60,9 @@ int shim_post_send(struct ibv_qp *qp, const struct shim_send *wrs, int n,
 	return 0;
 }
 
-int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
-		   const struct ibv_sge *sges, int *posted)
+// post_recvs posts wrs to qp's receive queue, or to srq when it is set.
+static int post_recvs(struct ibv_qp *qp, struct ibv_srq *srq, const struct shim_recv *wrs, int n,
+		      const struct ibv_sge *sges, int *posted)
 {
 	struct ibv_recv_wr batch[SHIM_POST_BATCH];
 	const struct ibv_sge *sg = sges;
@@ -80,7 +81,10 @@ int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 			batch[i].num_sge = (int)wrs[done + i].nsge;
 			sg += wrs[done + i].nsge;
 		}
-		ret = qp->context->ops.post_recv(qp, batch, &bad);
+		if (srq)
+			ret = srq->context->ops.post_srq_recv(srq, batch, &bad);
+		else
+			ret = qp->context->ops.post_recv(qp, batch, &bad);
 		if (ret) {
 			*posted = done + (bad ? (int)(bad - batch) : 0);
 			return ret;
@@ -89,6 +93,56 @@ int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 		*posted = done;
 	}
 	return 0;
+}
+
+int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
+		   const struct ibv_sge *sges, int *posted)
+{
+	return post_recvs(qp, NULL, wrs, n, sges, posted);
+}
+
+int shim_post_srq_recv(struct ibv_srq *srq, const struct shim_recv *wrs, int n,
+		       const struct ibv_sge *sges, int *posted)
+{
+	return post_recvs(NULL, srq, wrs, n, sges, posted);
+}
+
+struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max_sge,
+				uint32_t *granted_wr, uint32_t *granted_sge)
+{
+	struct ibv_srq_init_attr a;
+	struct ibv_srq *srq;
+
+	memset(&a, 0, sizeof(a));
+	a.attr.max_wr = max_wr;
+	a.attr.max_sge = max_sge;
+	srq = shim_lib.ibv_create_srq(pd, &a);
+	if (srq) {
+		*granted_wr = a.attr.max_wr;
+		*granted_sge = a.attr.max_sge;
+	}
+	return srq;
+}
+
+int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr, uint32_t *granted)
+{
+	struct ibv_srq_attr a;
+	int ret;
+
+	memset(&a, 0, sizeof(a));
+	a.max_wr = max_wr;
+	ret = shim_lib.ibv_modify_srq(srq, &a, IBV_SRQ_MAX_WR);
+	if (ret)
+		return ret;
+	// The granted size is not reported back; the device holds at least
+	// what was asked.
+	*granted = max_wr;
+	return 0;
+}
+
+int shim_destroy_srq(struct ibv_srq *srq)
+{
+	return shim_lib.ibv_destroy_srq(srq);
 }
 
 static uint8_t wc_opcode(int op)
@@ -116,8 +170,13 @@ int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n)
 
 	while (got < n) {
 		int want = n - got < SHIM_POST_BATCH ? n - got : SHIM_POST_BATCH;
-		int k = cq->context->ops.poll_cq(cq, want, wc);
-		int i;
+		int k, i;
+
+		// A driver may leave an error completion's opcode unwritten; a
+		// stale one must not read as a receive (below).
+		for (i = 0; i < want; i++)
+			wc[i].opcode = IBV_WC_SEND;
+		k = cq->context->ops.poll_cq(cq, want, wc);
 
 		if (k < 0)
 			return got ? got : k;
@@ -129,8 +188,14 @@ int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n)
 			o->status = (uint8_t)wc[i].status;
 			o->qp_num = wc[i].qp_num;
 			o->vendor_err = wc[i].vendor_err;
-			if (wc[i].status != IBV_WC_SUCCESS)
+			if (wc[i].status != IBV_WC_SUCCESS) {
+				// The opcode of an error completion is undefined,
+				// but where the device says it ended a receive the
+				// provider needs to know (srq.go).
+				if (wc[i].opcode & IBV_WC_RECV)
+					o->opcode = wc_opcode(wc[i].opcode);
 				continue;
+			}
 			o->opcode = wc_opcode(wc[i].opcode);
 			o->byte_len = wc[i].byte_len;
 			if (wc[i].wc_flags & IBV_WC_WITH_IMM) {
@@ -324,7 +389,8 @@ struct ibv_context *shim_route_verbs(const struct shim_addr *dst, int timeout_ms
 }
 
 struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
-			      const struct shim_qp_cfg *cfg, struct shim_qp_cfg *actual)
+			      struct ibv_srq *srq, const struct shim_qp_cfg *cfg,
+			      struct shim_qp_cfg *actual)
 {
 	struct ibv_qp_init_attr a;
 	struct ibv_qp *qp;
@@ -334,19 +400,24 @@ struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_
 	a.recv_cq = rcq;
 	a.qp_type = IBV_QPT_RC;
 	a.sq_sig_all = 0;
+	a.srq = srq;
 	a.cap.max_send_wr = cfg->max_send_wr;
-	a.cap.max_recv_wr = cfg->max_recv_wr;
 	a.cap.max_send_sge = cfg->max_send_sge;
-	a.cap.max_recv_sge = cfg->max_recv_sge;
+	if (!srq) {
+		a.cap.max_recv_wr = cfg->max_recv_wr;
+		a.cap.max_recv_sge = cfg->max_recv_sge;
+	}
 	a.cap.max_inline_data = cfg->max_inline;
 	qp = shim_lib.ibv_create_qp(pd, &a);
 	if (!qp)
 		return NULL;
 	*actual = *cfg;
 	actual->max_send_wr = a.cap.max_send_wr;
-	actual->max_recv_wr = a.cap.max_recv_wr;
 	actual->max_send_sge = a.cap.max_send_sge;
-	actual->max_recv_sge = a.cap.max_recv_sge;
+	if (!srq) {
+		actual->max_recv_wr = a.cap.max_recv_wr;
+		actual->max_recv_sge = a.cap.max_recv_sge;
+	}
 	actual->max_inline = a.cap.max_inline_data;
 	return qp;
 }
@@ -541,6 +612,8 @@ int shim_query_device(struct ibv_context *ctx, struct shim_dev_attr *out)
 	out->max_qp_rd_atom = a.max_qp_rd_atom;
 	out->max_qp_init_rd_atom = a.max_qp_init_rd_atom;
 	out->max_mr_size = a.max_mr_size;
+	out->max_srq = a.max_srq;
+	out->max_srq_wr = a.max_srq_wr;
 	out->phys_port_cnt = a.phys_port_cnt;
 	return 0;
 }

@@ -74,6 +74,14 @@ int shim_post_send(struct ibv_qp *qp, const struct shim_send *wrs, int n,
 		   const struct ibv_sge *sges, int *posted);
 int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 		   const struct ibv_sge *sges, int *posted);
+// A shared receive queue serves one QP here: its receive queue, resized
+// as the QP's depth grows (qp.go, srq.go).
+int shim_post_srq_recv(struct ibv_srq *srq, const struct shim_recv *wrs, int n,
+		       const struct ibv_sge *sges, int *posted);
+struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max_sge,
+				uint32_t *granted_wr, uint32_t *granted_sge);
+int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr, uint32_t *granted);
+int shim_destroy_srq(struct ibv_srq *srq);
 int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n);
 int shim_req_notify_cq(struct ibv_cq *cq);
 // ibv_get_cq_event that also returns the CQ and its context (our handle).
@@ -129,8 +137,11 @@ struct shim_qp_cfg {
 	// source GID index instead of rdma_cm's.
 	int16_t sl, sgid_index;
 };
+// With srq, the QP receives through it and cfg's receive capacities are
+// not used (actual keeps them).
 struct ibv_qp *shim_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
-			      const struct shim_qp_cfg *cfg, struct shim_qp_cfg *actual);
+			      struct ibv_srq *srq, const struct shim_qp_cfg *cfg,
+			      struct shim_qp_cfg *actual);
 // shim_qp_to moves qp to state using rdma_init_qp_attr(id) plus cfg's overrides.
 int shim_qp_to(struct rdma_cm_id *id, struct ibv_qp *qp, int state, const struct shim_qp_cfg *cfg);
 int shim_qp_set_state(struct ibv_qp *qp, int state);
@@ -164,6 +175,7 @@ int shim_set_nonblock(int fd);
 struct shim_dev_attr {
 	int max_qp_wr, max_sge, max_cqe, max_qp_rd_atom, max_qp_init_rd_atom;
 	uint64_t max_mr_size;
+	int max_srq, max_srq_wr;
 	uint8_t phys_port_cnt;
 };
 int shim_query_device(struct ibv_context *ctx, struct shim_dev_attr *out);

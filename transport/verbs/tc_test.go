@@ -41,6 +41,7 @@ func TestReadQPEnv(t *testing.T) {
 	t.Setenv(GIDIndexEnv, "")
 	t.Setenv(RoCEVersionEnv, "2")
 	t.Setenv(MinRNRTimerEnv, "12")
+	t.Setenv(RecvDepthEnv, "0")
 	e, err := readQPEnv()
 	if err != nil || e != (qpEnv{timeout: 20, retry: -1, rnr: 7, rnrTimer: 12, sl: 3, gidIndex: -1, roce: 2, sendDepth: defaultSendDepth}) {
 		t.Fatalf("readQPEnv: %+v, %v", e, err)
