@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -358,7 +359,7 @@ func (c *child) stop() {
 // measures them idle in both processes: once all are set up, and again
 // once they sat idle for after (rdmagrpc's WithIdleShrink in both
 // processes, which t's dial must have too).
-func idle(ctx context.Context, t network, provider string, n int, gRPC bool, after time.Duration) IdleResult {
+func idle(ctx context.Context, t network, provider string, n int, gRPC bool, after time.Duration, heapProfile string) IdleResult {
 	res := IdleResult{Transport: t.name, GRPC: gRPC, Want: n}
 	ch, err := startChild(t.name, provider, gRPC, after)
 	if err != nil {
@@ -426,6 +427,16 @@ func idle(ctx context.Context, t network, provider string, n int, gRPC bool, aft
 	}
 	res.DialP50, res.Steps = dialSteps(took, dialed)
 	rss1, g1 := settledRSS(), settledGoroutines()
+	if heapProfile != "" {
+		kind := "raw"
+		if gRPC {
+			kind = "gRPC"
+		}
+		if err := writeHeapProfile(fmt.Sprintf("%s.%s.%d.%s", heapProfile, kind, n, t.name)); err != nil {
+			res.Err = err
+			return res
+		}
+	}
 	res.Held = min(len(dialed), set.held)
 	if gRPC {
 		res.Held = min(res.Held, len(ccs))
@@ -524,6 +535,19 @@ func closeAll(conns []net.Conn) {
 func settledGoroutines() int {
 	time.Sleep(50 * time.Millisecond)
 	return runtime.NumGoroutine()
+}
+
+// writeHeapProfile writes the live heap (the last GC's) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("heap profile %s: %w", path, err)
+	}
+	return f.Close()
 }
 
 // settledRSS is the resident set after a GC that returns freed memory.

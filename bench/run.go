@@ -35,7 +35,11 @@ type Config struct {
 	// for the whole run: a busy host, as services share theirs.
 	Load        int
 	ConnOptions []conn.Option // for every rdmagrpc connection (not the idle server's)
-	Log         io.Writer     // progress; nil: none
+	// HeapProfile: where to write a heap profile of this process (the
+	// dialing ends) while idle connections are held, as
+	// HeapProfile.<raw|gRPC>.<count>.<transport>; empty: none.
+	HeapProfile string
+	Log         io.Writer // progress; nil: none
 }
 
 // DefaultConfig is what `make bench` runs.
@@ -205,7 +209,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 					kind = "gRPC"
 				}
 				cfg.logf("idle: %d %s %s connections\n", n, kind, t.name)
-				rep.Idle = append(rep.Idle, idle(ctx, cfg.idleNetwork(t), cfg.Provider, n, gRPC, cfg.IdleAfter))
+				rep.Idle = append(rep.Idle, idle(ctx, cfg.idleNetwork(t), cfg.Provider, n, gRPC, cfg.IdleAfter, cfg.HeapProfile))
 			}
 		}
 	}
@@ -217,7 +221,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		for _, n := range cfg.Idle {
 			for _, t := range rotate([]network{ts[0], ts[2]}, round) {
 				cfg.logf("set-up loop %d/%d: %d raw %s connections\n", round+1, cfg.Rounds, n, t.name)
-				r := idle(ctx, cfg.idleNetwork(t), cfg.Provider, n, false, 0)
+				r := idle(ctx, cfg.idleNetwork(t), cfg.Provider, n, false, 0, "")
 				if r.Err != nil {
 					continue
 				}

@@ -25,6 +25,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -47,6 +48,7 @@ func main() {
 	provider := flag.String("provider", "", "rdmagrpc provider (default: conn's own choice)")
 	flag.IntVar(&cfg.Fleet, "fleet", cfg.Fleet, "fleet connections (one 256 KiB message each, idle shrink on and off; 0: none)")
 	flag.DurationVar(&cfg.FleetShrink, "fleetshrink", cfg.FleetShrink, "the fleet's idle shrink (time compressed)")
+	flag.StringVar(&cfg.HeapProfile, "heapprofile", "", "write a heap profile of the dialing process while idle connections are held, to FILE.<raw|gRPC>.<count>.<transport>")
 	flag.DurationVar(&cfg.IdleAfter, "idleafter", cfg.IdleAfter, "the idle connections' idle shrink (time compressed): they are measured again once idle that long; 0: only when set up")
 	flag.IntVar(&cfg.Load, "load", cfg.Load, "CPU-bound processes to run beside client and server (a busy host)")
 	sizes := flag.String("sizes", ints(cfg.Sizes), "unary sizes, comma-separated")
@@ -69,6 +71,11 @@ func main() {
 	refMsgs := flag.Int("refmsgs", 100000, "with -ref: at most this many messages per bandwidth figure")
 	refLat := flag.Int("reflat", 20000, "with -ref: round trips per latency figure (64 B each way)")
 	flag.Parse()
+	if cfg.HeapProfile != "" {
+		// Every allocation of a connection, not one per 512 KiB: the
+		// profile is read per connection.
+		runtime.MemProfileRate = 64
+	}
 	if *ref || *refControlAddr != "" {
 		rs, err := parseInts(*raw)
 		if err != nil {
