@@ -138,10 +138,11 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	}
 	var srq *C.struct_ibv_srq
 	if start := q.dev.recvDepthFor(&a, len(cfg.InitialRecvs)); start > 0 {
-		if err := q.newRecvQueue(p, &a, start); err != nil {
-			return err
+		// A device out of shared queues (or memory for one) can still
+		// give the QP a receive queue of its own: only memory is lost.
+		if q.newRecvQueue(p, &a, start) == nil {
+			srq = q.rq.srq
 		}
-		srq = q.rq.srq
 	}
 	in := C.struct_shim_qp_cfg{
 		max_send_wr: C.uint32_t(depth), max_recv_wr: C.uint32_t(a.maxRecvWR),

@@ -378,34 +378,41 @@ func (c *cq) serveHolds() {
 }
 
 // attachHold makes Poll drop q's unasked-for completions and refill q.
-// The list is copied on write: Poll reads it without a lock.
-func (c *cq) attachHold(q *qp) {
+func (c *cq) attachHold(q *qp) { c.attach(&c.holds, q) }
+
+func (c *cq) detachHold(num uint32) { c.detach(&c.holds, num) }
+
+// attach adds q to one of the CQ's lists of QPs the provider serves.
+// The lists are copied on write: Poll reads them without a lock.
+func (c *cq) attach(list *atomic.Pointer[[]*qp], q *qp) {
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
 	var l []*qp
-	if old := c.holds.Load(); old != nil {
+	if old := list.Load(); old != nil {
 		l = slices.Clone(*old)
 	}
 	l = append(l, q)
-	c.holds.Store(&l)
+	list.Store(&l)
 }
 
-func (c *cq) detachHold(num uint32) {
+// detach removes QP num from the list; an empty list is nil.
+func (c *cq) detach(list *atomic.Pointer[[]*qp], num uint32) {
 	c.holdMu.Lock()
 	defer c.holdMu.Unlock()
-	old := c.holds.Load()
+	old := list.Load()
 	if old == nil {
 		return
 	}
 	l := slices.DeleteFunc(slices.Clone(*old), func(q *qp) bool { return q.num == num })
 	if len(l) == 0 {
-		c.holds.Store(nil)
+		list.Store(nil)
 		return
 	}
-	c.holds.Store(&l)
+	list.Store(&l)
 }
 
-func holdOf(l []*qp, num uint32) *qp {
+// qpOf is QP num of the list, or nil.
+func qpOf(l []*qp, num uint32) *qp {
 	for _, q := range l {
 		if q.num == num {
 			return q
@@ -419,7 +426,7 @@ func holdOf(l []*qp, num uint32) *qp {
 func dropForced(l []*qp, wc []transport.WorkCompletion, touched []*qp) (int, []*qp) {
 	j := 0
 	for i := range wc {
-		q := holdOf(l, wc[i].QPNum)
+		q := qpOf(l, wc[i].QPNum)
 		if q != nil {
 			touched = appendOnce(touched, q)
 			// An error completion's opcode is undefined, and it is

@@ -57,7 +57,8 @@ func (d *device) recvDepthFor(a *qpAttrs, initial int) int {
 	return max(start, initial)
 }
 
-// newRecvQueue creates the shared queue q receives through.
+// newRecvQueue creates the shared queue q receives through; on failure
+// q has none.
 func (q *qp) newRecvQueue(p *pd, a *qpAttrs, start int) error {
 	var wr, sge C.uint32_t
 	s, err := C.shim_create_srq(p.pd, C.uint32_t(start), C.uint32_t(a.maxRecvSGE), &wr, &sge)
@@ -211,42 +212,10 @@ func flushFailed(l []*qp, wc []transport.WorkCompletion) int {
 	return n
 }
 
-func qpOf(l []*qp, num uint32) *qp {
-	for _, q := range l {
-		if q.num == num {
-			return q
-		}
-	}
-	return nil
-}
+// attachRecvs makes Poll track q's receives.
+func (c *cq) attachRecvs(q *qp) { c.attach(&c.rqs, q) }
 
-// attachRecvs makes Poll track q's receives. The list is copied on
-// write: Poll reads it without a lock.
-func (c *cq) attachRecvs(q *qp) {
-	c.holdMu.Lock()
-	defer c.holdMu.Unlock()
-	var l []*qp
-	if old := c.rqs.Load(); old != nil {
-		l = slices.Clone(*old)
-	}
-	l = append(l, q)
-	c.rqs.Store(&l)
-}
-
-func (c *cq) detachRecvs(num uint32) {
-	c.holdMu.Lock()
-	defer c.holdMu.Unlock()
-	old := c.rqs.Load()
-	if old == nil {
-		return
-	}
-	l := slices.DeleteFunc(slices.Clone(*old), func(q *qp) bool { return q.num == num })
-	if len(l) == 0 {
-		c.rqs.Store(nil)
-		return
-	}
-	c.rqs.Store(&l)
-}
+func (c *cq) detachRecvs(num uint32) { c.detach(&c.rqs, num) }
 
 // QPs with shared queues by context and number, for the device's
 // asynchronous QP errors (async.go).
