@@ -386,7 +386,9 @@ func TestReceivesPostedForTheRingInUse(t *testing.T) {
 	for range 20 { // the large ring's slots, many times over
 		transfer(t, a, b, random(100<<10), writeAll(a))
 	}
-	if rb2, _ := recvs(b); rb2 != rb {
-		t.Fatalf("receives posted %d after the traffic, want %d", rb2, rb)
+	// The traffic may have climbed the reader to a deeper phase: its
+	// receives follow the ring in use, whichever it is.
+	if rb2, count2 := recvs(b); rb2 != small+count2 {
+		t.Fatalf("receives posted %d after the traffic, want %d (the small ring's and the %d of the ring in use)", rb2, small+count2, count2)
 	}
 }
