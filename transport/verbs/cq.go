@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -60,11 +61,12 @@ type cq struct {
 	grown atomic.Bool // the device queue has its full size: no accounting
 	acct  cqAcct
 
-	// QPs whose send queue is partly held by the provider (sendhold.go),
-	// by number. The provider polls such a CQ itself when a completion
-	// frees room for held WRs; what it polled waits in stash for Poll,
-	// which takes it first (pollMu keeps the order).
-	holdMu sync.Mutex
+	// QPs whose send queue is partly held by the provider (sendhold.go).
+	// The provider polls such a CQ itself when a completion frees room
+	// for held WRs; what it polled waits in stash for Poll, which takes
+	// it first (pollMu keeps the order). listMu orders changes to this
+	// list and the next (attach, detach).
+	listMu sync.Mutex
 	holds  atomic.Pointer[[]*qp]
 	// QPs that receive through shared queues of their own (srq.go),
 	// whose receives the provider tracks.
@@ -340,4 +342,43 @@ func (cc *compChannel) close() error {
 		return errors.Join(err, opErr("ibv_destroy_comp_channel", rc))
 	}
 	return err
+}
+
+// attach adds q to one of the CQ's lists of QPs the provider serves.
+// The lists are copied on write: Poll reads them without a lock.
+func (c *cq) attach(list *atomic.Pointer[[]*qp], q *qp) {
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
+	var l []*qp
+	if old := list.Load(); old != nil {
+		l = slices.Clone(*old)
+	}
+	l = append(l, q)
+	list.Store(&l)
+}
+
+// detach removes QP num from the list; an empty list is nil.
+func (c *cq) detach(list *atomic.Pointer[[]*qp], num uint32) {
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
+	old := list.Load()
+	if old == nil {
+		return
+	}
+	l := slices.DeleteFunc(slices.Clone(*old), func(q *qp) bool { return q.num == num })
+	if len(l) == 0 {
+		list.Store(nil)
+		return
+	}
+	list.Store(&l)
+}
+
+// qpOf is QP num of the list, or nil.
+func qpOf(l []*qp, num uint32) *qp {
+	for _, q := range l {
+		if q.num == num {
+			return q
+		}
+	}
+	return nil
 }

@@ -382,45 +382,6 @@ func (c *cq) attachHold(q *qp) { c.attach(&c.holds, q) }
 
 func (c *cq) detachHold(num uint32) { c.detach(&c.holds, num) }
 
-// attach adds q to one of the CQ's lists of QPs the provider serves.
-// The lists are copied on write: Poll reads them without a lock.
-func (c *cq) attach(list *atomic.Pointer[[]*qp], q *qp) {
-	c.holdMu.Lock()
-	defer c.holdMu.Unlock()
-	var l []*qp
-	if old := list.Load(); old != nil {
-		l = slices.Clone(*old)
-	}
-	l = append(l, q)
-	list.Store(&l)
-}
-
-// detach removes QP num from the list; an empty list is nil.
-func (c *cq) detach(list *atomic.Pointer[[]*qp], num uint32) {
-	c.holdMu.Lock()
-	defer c.holdMu.Unlock()
-	old := list.Load()
-	if old == nil {
-		return
-	}
-	l := slices.DeleteFunc(slices.Clone(*old), func(q *qp) bool { return q.num == num })
-	if len(l) == 0 {
-		list.Store(nil)
-		return
-	}
-	list.Store(&l)
-}
-
-// qpOf is QP num of the list, or nil.
-func qpOf(l []*qp, num uint32) *qp {
-	for _, q := range l {
-		if q.num == num {
-			return q
-		}
-	}
-	return nil
-}
-
 // dropForced removes from wc the completions the consumer did not ask
 // for, and returns how many remain and the QPs that had completions.
 func dropForced(l []*qp, wc []transport.WorkCompletion, touched []*qp) (int, []*qp) {

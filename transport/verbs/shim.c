@@ -124,20 +124,13 @@ struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max
 	return srq;
 }
 
-int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr, uint32_t *granted)
+int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr)
 {
 	struct ibv_srq_attr a;
-	int ret;
 
 	memset(&a, 0, sizeof(a));
 	a.max_wr = max_wr;
-	ret = shim_lib.ibv_modify_srq(srq, &a, IBV_SRQ_MAX_WR);
-	if (ret)
-		return ret;
-	// The granted size is not reported back; the device holds at least
-	// what was asked.
-	*granted = max_wr;
-	return 0;
+	return shim_lib.ibv_modify_srq(srq, &a, IBV_SRQ_MAX_WR);
 }
 
 int shim_destroy_srq(struct ibv_srq *srq)

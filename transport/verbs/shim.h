@@ -80,7 +80,8 @@ int shim_post_srq_recv(struct ibv_srq *srq, const struct shim_recv *wrs, int n,
 		       const struct ibv_sge *sges, int *posted);
 struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max_sge,
 				uint32_t *granted_wr, uint32_t *granted_sge);
-int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr, uint32_t *granted);
+// ibv_modify_srq of max_wr: 0 or an errno.
+int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr);
 int shim_destroy_srq(struct ibv_srq *srq);
 int shim_poll_cq(struct ibv_cq *cq, struct shim_wc *out, int n);
 int shim_req_notify_cq(struct ibv_cq *cq);

@@ -119,11 +119,11 @@ func (rq *recvQueue) growLocked() bool {
 	if rq.size >= rq.max {
 		return false
 	}
-	var got C.uint32_t
-	if C.shim_resize_srq(rq.srq, C.uint32_t(rq.max), &got) != 0 {
+	if C.shim_resize_srq(rq.srq, C.uint32_t(rq.max)) != 0 {
 		return false
 	}
-	rq.size = int(got)
+	// ibv_modify_srq reports no size: the queue holds at least rq.max.
+	rq.size = rq.max
 	return true
 }
 
