@@ -38,7 +38,7 @@ type Image struct {
 	Key           string   // cache key: hash of Packages and the harness layout
 
 	// Guest shape, adjustable before the first run.
-	MemoryMiB int // per guest; default 1024
+	MemoryMiB int // per guest; default 2048 (conn.test under the race detector outgrew 1024)
 	CPUs      int // per guest; default 2
 	// Qemu is the qemu-system-x86_64 binary.
 	Qemu string
@@ -132,7 +132,7 @@ func buildOnce(ctx context.Context, cacheDir, qemu string, logf func(string, ...
 		return nil, true, fmt.Errorf("rxe: resolve guest packages: %w", err)
 	}
 	key := cacheKey(pkgs)
-	img := &Image{Dir: filepath.Join(cacheDir, key), Key: key, Qemu: qemu, MemoryMiB: 1024, CPUs: 2}
+	img := &Image{Dir: filepath.Join(cacheDir, key), Key: key, Qemu: qemu, MemoryMiB: 2048, CPUs: 2}
 	img.Kernel = filepath.Join(img.Dir, "vmlinuz")
 	img.Initrd = filepath.Join(img.Dir, "base.cpio")
 	for _, p := range pkgs {

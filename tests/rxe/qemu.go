@@ -99,7 +99,7 @@ func (img *Image) runGuestWith(ctx context.Context, g guestSpec, accel []string)
 	console := filepath.Join(dir, "console.log")
 	mem, cpus := img.MemoryMiB, img.CPUs
 	if mem <= 0 {
-		mem = 1024
+		mem = 2048
 	}
 	if cpus <= 0 {
 		cpus = 2
