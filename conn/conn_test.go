@@ -40,6 +40,10 @@ func dialPipe(t testing.TB, early bool, opts ...Option) (c1, c2 net.Conn, stop f
 	// had it, is remembered for failedUpgradeTTL: it would keep this
 	// test's dial on TCP.
 	forgetFailedUpgrade(l.(*Listener).l.Addr().String())
+	// Nor may an earlier test's successful dial to this port make this
+	// pipe's dial an early one (which Stats reports as negotiating
+	// until the listener answers): a pipe is early only when asked.
+	forgetAddr(l.Addr().String())
 	type res struct {
 		c   net.Conn
 		err error
@@ -88,6 +92,18 @@ func dialPipe(t testing.TB, early bool, opts ...Option) (c1, c2 net.Conn, stop f
 
 func TestNettest(t *testing.T) {
 	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) { return pipe(t) })
+}
+
+// forgetAddr drops what dials remembered of the server at addr, under
+// every provider.
+func forgetAddr(addr string) {
+	knownServers.Lock()
+	for k := range knownServers.m {
+		if k[0] == addr {
+			delete(knownServers.m, k)
+		}
+	}
+	knownServers.Unlock()
 }
 
 func forgetFailedUpgrade(addr string) {
