@@ -38,6 +38,7 @@ const (
 	VerbsRoCEVer   = "RDMAGRPC_VERBS_ROCE_VERSION"
 	VerbsSendDepth = "RDMAGRPC_VERBS_SEND_DEPTH"
 	VerbsRecvDepth = "RDMAGRPC_VERBS_RECV_DEPTH"
+	VerbsCQShare   = "RDMAGRPC_VERBS_CQ_SHARE"
 	ShmDir         = "RDMAGRPC_SHM_DIR"
 	prefix         = "RDMAGRPC_"
 	providerAccept = "verbs or shm (either case)"
@@ -83,6 +84,7 @@ var ranged = []rangedVar{
 	{VerbsRoCEVer, "the RoCE version of the source GID (GID_INDEX wins over it); unset: rdma_cm's, normally 2", 1, 2},
 	{VerbsSendDepth, "the send work requests a queue pair keeps on the device, the rest of its depth held by the provider; 0: all of it on the device; unset: 7", 0, 1 << 15},
 	{VerbsRecvDepth, "the depth of the shared receive queue a queue pair starts with, grown to the depth asked for when full; 0: a receive queue of its own, of the full depth; unset: 31", 0, 1 << 15},
+	{VerbsCQShare, "how many connections' completion queues one device completion queue serves; 1: one of its own each; unset: 273", 1, 1 << 15},
 }
 
 func init() {

@@ -72,7 +72,11 @@ func (r *asyncReader) serve() {
 		}
 		cqMu.Lock()
 		c := cqs[uint64(ev.cq_handle)]
+		s := sharedCQs[uint64(ev.cq_handle)]
 		cqMu.Unlock()
+		if s != nil {
+			s.kickAll()
+		}
 		if c != nil {
 			c.overflow.Store(true)
 			c.kick()

@@ -81,6 +81,17 @@ type cq struct {
 	unacked  uint32                 // events not yet acknowledged; guarded by cqMu
 	closing  chan struct{}
 
+	// A view of a shared device CQ (sharedcq.go), or nil: its lane of
+	// completions that other views' polls took, whether it is armed,
+	// and how many QPs it serves. lane and nqp are guarded by sh.mu.
+	// sh is written under the device's sharedMu and c.mu (holdViews);
+	// view is fixed at creation.
+	view  bool
+	sh    *sharedCQ
+	lane  []transport.WorkCompletion
+	armed atomic.Bool
+	nqp   int
+
 	// mu orders Poll/ReqNotify (read side) against destruction.
 	mu     sync.RWMutex
 	closed bool
@@ -92,6 +103,9 @@ func newCQ(d *device, entries int) (*cq, error) {
 	}
 	if d.attr.MaxCQE > 0 && entries > d.attr.MaxCQE {
 		return nil, fmt.Errorf("verbs: CreateCQ(%d): device limit is %d entries", entries, d.attr.MaxCQE)
+	}
+	if d.cqGrows && d.qpEnv.cqShare > 1 && d.attr.MaxCQE > 0 {
+		return newView(d, entries)
 	}
 	h := newHandle()
 	start := entries
@@ -115,6 +129,11 @@ func newCQ(d *device, entries int) (*cq, error) {
 // started small grows to it first, so that the figure holds (a caller may
 // count on it, as the overflow tests do).
 func (c *cq) Cap() int {
+	if c.view {
+		// A view takes its entries of the shared CQ when a post needs
+		// them: what it was created for is what the consumer may count on.
+		return c.want
+	}
 	if !c.grown.Load() {
 		c.mu.RLock()
 		if !c.closed {
@@ -171,7 +190,12 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 		return 0, 0, touched, transport.ErrCQOverflow
 	}
 	for {
-		rc := C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
+		var rc C.int
+		if c.sh != nil {
+			rc = c.sh.pollFor(c, wc)
+		} else {
+			rc = C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
+		}
 		if rc < 0 {
 			return 0, 0, touched, opErr("ibv_poll_cq", rc)
 		}
@@ -207,6 +231,9 @@ func (c *cq) ReqNotify() error {
 	defer c.mu.RUnlock()
 	if c.closed {
 		return fmt.Errorf("verbs: ReqNotify on closed CQ: %w", net.ErrClosed)
+	}
+	if c.sh != nil {
+		return opErr("ibv_req_notify_cq", c.sh.arm(c))
 	}
 	return opErr("ibv_req_notify_cq", C.shim_req_notify_cq(c.cq))
 }
@@ -255,6 +282,9 @@ func (c *cq) kick() { c.signal() }
 // verbs refuses (EBUSY), Close returns the error, Poll still works and
 // Wait reports the CQ closed.
 func (c *cq) Close() error {
+	if c.view {
+		return c.closeView()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -317,6 +347,15 @@ func (cc *compChannel) serve() {
 	cc.poll.serve("ibv_get_cq_event", func() C.int { return C.shim_get_cq_event_of(cc.ch, &q, &h) }, func() {
 		cqMu.Lock()
 		c := cqs[uint64(h)]
+		if s := sharedCQs[uint64(h)]; s != nil {
+			if s.unacked++; s.unacked >= ackBatch {
+				C.shim_ack_cq_events(s.cq, C.uint(s.unacked))
+				s.unacked = 0
+			}
+			cqMu.Unlock()
+			s.onEvent()
+			return
+		}
 		if c == nil {
 			// Being destroyed: its Close waits for this acknowledgement.
 			C.shim_ack_cq_events(q, 1)

@@ -100,6 +100,15 @@ func (c *cq) reserveLocked(n int) (bool, error) {
 		c.acct.out += n
 		return true, nil
 	}
+	if c.sh != nil {
+		// A view keeps counting: its allotment of the shared CQ must
+		// cover what may complete, the consumer's Cap and beyond.
+		if err := c.sh.growView(c, max(c.want, c.acct.out+n)); err != nil {
+			return false, err
+		}
+		c.acct.out += n
+		return true, nil
+	}
 	return false, c.growLocked()
 }
 

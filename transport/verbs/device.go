@@ -38,8 +38,11 @@ type device struct {
 	qpEnv   qpEnv        // the environment's overrides of the RC attributes
 	allowed devList      // DevicesEnv: which devices and ports connections may use
 	comp    *compChannel // shared by every CQ of the device
-	async   *asyncReader
-	mem     memRegistry
+	// The shared CQs that consumers' CQs are views of (sharedcq.go).
+	sharedMu sync.Mutex
+	shared   []*sharedCQ
+	async    *asyncReader
+	mem      memRegistry
 
 	// Several devices: ndev is how many rdma_cm listed at Open; the
 	// others are opened when a route goes through them (sibling) and
@@ -254,6 +257,11 @@ func (d *device) Close() error {
 	for _, c := range cqs {
 		if c.dev == d {
 			open++
+		}
+	}
+	for _, s := range sharedCQs {
+		if s.dev == d {
+			open++ // it has views open
 		}
 	}
 	cqMu.Unlock()

@@ -152,13 +152,25 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		rnr_retry: C.uint8_t(a.rnrRetry), min_rnr_timer: C.uint8_t(a.minRNRTimer),
 		sl: -1, sgid_index: -1,
 	}
+	release, err := holdViews(scq, rcq)
+	if err != nil {
+		if q.rq != nil {
+			C.shim_destroy_srq(q.rq.srq)
+			q.rq = nil
+		}
+		return err
+	}
 	p.mu.Lock()
 	closed := p.closed
 	var h *C.struct_ibv_qp
 	if !closed {
-		h, err = C.shim_create_qp(p.pd, scq.cq, rcq.cq, srq, &in, &q.cfgC)
+		h, err = C.shim_create_qp(p.pd, scq.ibv(), rcq.ibv(), srq, &in, &q.cfgC)
 	}
 	p.mu.Unlock()
+	if h != nil {
+		bindQPs(scq, rcq, uint32(h.qp_num))
+	}
+	release()
 	if h == nil && q.rq != nil {
 		C.shim_destroy_srq(q.rq.srq)
 		q.rq = nil
@@ -305,6 +317,7 @@ func (q *qp) destroy() {
 		q.scq.detachSend(q.num)
 		q.scq.detachHold(q.num)
 		q.destroyRecvQueue()
+		unbindQPs(q.scq, q.rcq, q.num)
 	}
 	if q.id != nil {
 		C.shim_rdma_destroy_id(q.id) // refuses a request not yet answered
@@ -389,6 +402,7 @@ func (q *qp) Close() error {
 		q.scq.detachSend(q.num)
 		q.scq.detachHold(q.num)
 		q.destroyRecvQueue()
+		unbindQPs(q.scq, q.rcq, q.num)
 	}
 	C.shim_rdma_destroy_id(q.id)
 	q.discOnce.Do(func() { close(q.disc) })

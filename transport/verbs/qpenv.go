@@ -44,6 +44,10 @@ const (
 	// (srq.go). 0 gives each QP a receive queue of its own, of the full
 	// depth; default 31, one page of rxe's queue at one scatter entry.
 	RecvDepthEnv = settings.VerbsRecvDepth
+	// CQShareEnv: how many of the consumer's CQs one device CQ serves
+	// (sharedcq.go); 1 gives each a device CQ of its own. Default 273,
+	// as many idle connections as fill 4,096 entries.
+	CQShareEnv = settings.VerbsCQShare
 )
 
 // defaultSendDepth is the send queue a QP keeps on the device unless
@@ -56,18 +60,18 @@ const defaultRecvDepth = 31
 
 // qpEnv holds the overrides; -1: unset.
 type qpEnv struct {
-	timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth, recvDepth int
+	timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth, recvDepth, cqShare int
 }
 
 func readQPEnv() (qpEnv, error) {
-	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth, defaultRecvDepth}
+	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth, defaultRecvDepth, defaultCQShare}
 	for _, x := range []struct {
 		name string
 		dst  *int
 	}{
 		{TimeoutEnv, &e.timeout}, {RetryCountEnv, &e.retry}, {RNRRetryEnv, &e.rnr}, {MinRNRTimerEnv, &e.rnrTimer},
 		{ServiceLevelEnv, &e.sl}, {GIDIndexEnv, &e.gidIndex}, {RoCEVersionEnv, &e.roce},
-		{SendDepthEnv, &e.sendDepth}, {RecvDepthEnv, &e.recvDepth},
+		{SendDepthEnv, &e.sendDepth}, {RecvDepthEnv, &e.recvDepth}, {CQShareEnv, &e.cqShare},
 	} {
 		n, set, err := settings.Range(x.name)
 		if err != nil {

@@ -358,23 +358,31 @@ func (c *cq) takeStash(wc []transport.WorkCompletion) int {
 func (c *cq) arm() bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return !c.closed && C.shim_req_notify_cq(c.cq) == 0
+	if c.closed {
+		return false
+	}
+	if c.sh != nil {
+		return c.sh.arm(c) == 0
+	}
+	return C.shim_req_notify_cq(c.cq) == 0
 }
 
 // serveHolds runs on a completion event: if a QP of the CQ holds sends,
 // the provider polls (the consumer may not be polling at all) and posts
 // what the completions made room for.
 func (c *cq) serveHolds() {
-	m := c.holds.Load()
-	if m == nil {
-		return
-	}
-	if !slices.ContainsFunc(*m, func(q *qp) bool { return q.hold.waiting() }) {
+	if !c.holdsWaiting() {
 		return
 	}
 	for _, q := range c.stashPoll() {
 		q.refill()
 	}
+}
+
+// holdsWaiting: a QP of the CQ holds sends that wait for room.
+func (c *cq) holdsWaiting() bool {
+	m := c.holds.Load()
+	return m != nil && slices.ContainsFunc(*m, func(q *qp) bool { return q.hold.waiting() })
 }
 
 // attachHold makes Poll drop q's unasked-for completions and refill q.
