@@ -295,17 +295,7 @@ func (c *cq) Close() error {
 	default:
 		close(c.closing)
 	}
-	// Events the channel's reader takes from now on find no CQ and are
-	// acknowledged there; those it counted are acknowledged here:
-	// ibv_destroy_cq waits until every event of the CQ is.
-	cqMu.Lock()
-	delete(cqs, c.handle)
-	n := c.unacked
-	c.unacked = 0
-	cqMu.Unlock()
-	if n > 0 {
-		C.shim_ack_cq_events(c.cq, C.uint(n))
-	}
+	forgetEvents(c.cq, &c.unacked, func() { delete(cqs, c.handle) })
 	if rc := C.shim_ibv_destroy_cq(c.cq); rc != 0 {
 		cqMu.Lock()
 		cqs[c.handle] = c // still usable
@@ -348,10 +338,7 @@ func (cc *compChannel) serve() {
 		cqMu.Lock()
 		c := cqs[uint64(h)]
 		if s := sharedCQs[uint64(h)]; s != nil {
-			if s.unacked++; s.unacked >= ackBatch {
-				C.shim_ack_cq_events(s.cq, C.uint(s.unacked))
-				s.unacked = 0
-			}
+			countEventLocked(s.cq, &s.unacked)
 			cqMu.Unlock()
 			s.onEvent()
 			return
@@ -362,14 +349,35 @@ func (cc *compChannel) serve() {
 			cqMu.Unlock()
 			return
 		}
-		if c.unacked++; c.unacked >= ackBatch {
-			C.shim_ack_cq_events(c.cq, C.uint(c.unacked))
-			c.unacked = 0
-		}
+		countEventLocked(c.cq, &c.unacked)
 		cqMu.Unlock()
 		c.serveHolds()
 		c.signal()
 	})
+}
+
+// countEventLocked counts an event of q in *unacked, acknowledging them
+// ackBatch at a time. The caller holds cqMu.
+func countEventLocked(q *C.struct_ibv_cq, unacked *uint32) {
+	if *unacked++; *unacked >= ackBatch {
+		C.shim_ack_cq_events(q, C.uint(*unacked))
+		*unacked = 0
+	}
+}
+
+// forgetEvents removes a CQ from the event maps (del, under cqMu) and
+// acknowledges the events counted for it: ibv_destroy_cq waits until
+// every event of the CQ is. Events the channel's reader takes from then
+// on find no CQ and are acknowledged there.
+func forgetEvents(q *C.struct_ibv_cq, unacked *uint32, del func()) {
+	cqMu.Lock()
+	del()
+	n := *unacked
+	*unacked = 0
+	cqMu.Unlock()
+	if n > 0 {
+		C.shim_ack_cq_events(q, C.uint(n))
+	}
 }
 
 // close stops the goroutine and destroys the channel; every CQ on it must

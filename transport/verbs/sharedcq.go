@@ -63,6 +63,7 @@ type sharedCQ struct {
 	// (holdViews).
 	private bool
 
+	closed   bool         // destroyed with its last view; guarded by mu
 	narmed   atomic.Int32 // views armed
 	overflow atomic.Bool  // the device queue overflowed: every view has
 	unacked  uint32       // events not yet acknowledged; guarded by cqMu
@@ -100,9 +101,10 @@ func newView(d *device, entries int) (*cq, error) {
 		d.shared = append(d.shared, s)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err := s.resizeLocked(s.allot + start); err != nil {
-		if len(s.views) == 0 {
+		empty := len(s.views) == 0
+		s.mu.Unlock()
+		if empty {
 			d.dropShared(s)
 		}
 		return nil, err
@@ -111,6 +113,7 @@ func newView(d *device, entries int) (*cq, error) {
 	s.wants += entries
 	s.views = append(s.views, c)
 	c.sh = s
+	s.mu.Unlock()
 	return c, nil
 }
 
@@ -281,10 +284,24 @@ func (s *sharedCQ) arm(c *cq) C.int {
 func (s *sharedCQ) onEvent() {
 	for range 2 {
 		s.mu.Lock()
+		if s.closed {
+			// Its last view closed after the event was read.
+			s.mu.Unlock()
+			return
+		}
 		_, _, wake := s.drainLocked(nil, nil, 0, nil)
 		s.mu.Unlock()
 		wakeViews(wake, true)
-		if s.narmed.Load() == 0 || C.shim_req_notify_cq(s.cq) != 0 {
+		if s.narmed.Load() == 0 {
+			return
+		}
+		s.mu.Lock()
+		rc := C.int(-1)
+		if !s.closed {
+			rc = C.shim_req_notify_cq(s.cq)
+		}
+		s.mu.Unlock()
+		if rc != 0 {
 			return
 		}
 	}
@@ -312,21 +329,15 @@ func (s *sharedCQ) leave(c *cq) error {
 }
 
 // dropShared destroys a shared CQ that has no view. The caller holds
-// d.sharedMu.
+// d.sharedMu, not s.mu.
 func (d *device) dropShared(s *sharedCQ) error {
+	s.mu.Lock()
+	s.closed = true // the event handler, which holds no view, checks it
+	s.mu.Unlock()
 	if i := slices.Index(d.shared, s); i >= 0 {
 		d.shared = slices.Delete(d.shared, i, i+1)
 	}
-	// As a CQ's Close: ibv_destroy_cq waits until every event is
-	// acknowledged.
-	cqMu.Lock()
-	delete(sharedCQs, s.handle)
-	n := s.unacked
-	s.unacked = 0
-	cqMu.Unlock()
-	if n > 0 {
-		C.shim_ack_cq_events(s.cq, C.uint(n))
-	}
+	forgetEvents(s.cq, &s.unacked, func() { delete(sharedCQs, s.handle) })
 	if rc := C.shim_ibv_destroy_cq(s.cq); rc != 0 {
 		return fmt.Errorf("verbs: destroying a shared CQ: %w", opErr("ibv_destroy_cq", rc))
 	}
