@@ -148,3 +148,37 @@ func TestVerbsSharedCQ(t *testing.T) {
 		t.Fatalf("%d shared CQs left after every view closed", left)
 	}
 }
+
+// TestVerbsSharedCQClosedUnderEvents: the last views of a shared CQ
+// close while its completion events are in flight; the event handler,
+// which holds no view, must find the device CQ gone rather than poll it.
+func TestVerbsSharedCQClosedUnderEvents(t *testing.T) {
+	d := openOrSkip(t)
+	if !d.(*device).cqGrows {
+		t.Skip("the device does not resize CQs: each CQ has a device queue of its own")
+	}
+	for round := range 20 {
+		cli, srv := pair(t, d, nil, nil)
+		if _, err := srv.qp.PostRecv(transport.RecvWR{ID: 1, SG: srv.sge(0, 64)}); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*side{cli, srv} {
+			if err := s.cq.ReqNotify(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := cli.qp.PostSend(transport.SendWR{ID: 2, Opcode: transport.OpSend, SG: cli.sge(0, 8), Signaled: true}); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*side{cli, srv} {
+			if err := s.qp.Close(); err != nil {
+				t.Fatalf("round %d: QP.Close: %v", round, err)
+			}
+		}
+		for _, s := range []*side{cli, srv} {
+			if err := s.cq.Close(); err != nil {
+				t.Fatalf("round %d: CQ.Close: %v", round, err)
+			}
+		}
+	}
+}
