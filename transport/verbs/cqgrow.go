@@ -27,11 +27,6 @@ import (
 // posted before it. Error completions retire nothing (their opcode is
 // undefined): the count only errs upwards, which at worst grows a queue
 // early.
-//
-// initialCQE fills the first page of an rxe CQ (16 slots of 128 bytes
-// after its 384-byte header) and holds an idle small-phase connection's
-// receives (conn posts 11).
-const initialCQE = 15
 
 // cqAcct counts, while the CQ's device queue is small, the completions
 // that may still arrive on it.

@@ -72,11 +72,6 @@ type sharedCQ struct {
 // sharedCQs are the shared CQs by handle, for events; guarded by cqMu.
 var sharedCQs = map[uint64]*sharedCQ{}
 
-// defaultCQShare is how many views one device CQ serves unless CQShareEnv
-// says otherwise: as many idle ones as fill 4,096 entries (a power of
-// two, as rxe and mlx5 round a CQ to), ≈1.9 KiB of an rxe CQ per view.
-const defaultCQShare = (4096 - 1) / initialCQE
-
 // newView creates a view of entries of a shared CQ of d with room for it.
 func newView(d *device, entries int) (*cq, error) {
 	start := min(entries, initialCQE)
