@@ -63,10 +63,9 @@ type sharedCQ struct {
 	// (holdViews).
 	private bool
 
-	closed   bool         // destroyed with its last view; guarded by mu
-	narmed   atomic.Int32 // views armed
-	overflow atomic.Bool  // the device queue overflowed: every view has
-	unacked  uint32       // events not yet acknowledged; guarded by cqMu
+	closed  bool         // destroyed with its last view; guarded by mu
+	narmed  atomic.Int32 // views armed
+	unacked uint32       // events not yet acknowledged; guarded by cqMu
 }
 
 // sharedCQs are the shared CQs by handle, for events; guarded by cqMu.
@@ -341,7 +340,6 @@ func (d *device) dropShared(s *sharedCQ) error {
 
 // kickAll reports an overflow of the device queue to every view.
 func (s *sharedCQ) kickAll() {
-	s.overflow.Store(true)
 	s.mu.Lock()
 	views := append([]*cq(nil), s.views...)
 	s.mu.Unlock()
