@@ -190,6 +190,17 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 		return 0, 0, touched, transport.ErrCQOverflow
 	}
 	for {
+		// Which QPs had failed before this poll: only a poll that began
+		// after the failure and came up short has every receive the
+		// device completed, so only their outstanding receives flush.
+		// A QP that fails during the poll waits for the next one (it
+		// signals the CQ), lest a receive the device completes just
+		// after the poll flush ahead of it.
+		var failed uint64
+		l := c.rqs.Load()
+		if l != nil {
+			failed = failedBefore(*l)
+		}
 		var rc C.int
 		if c.sh != nil {
 			rc = c.sh.pollFor(c, wc)
@@ -207,13 +218,13 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 		if m := c.holds.Load(); m != nil && n > 0 {
 			n, touched = dropForced(*m, wc[:n], touched)
 		}
-		if l := c.rqs.Load(); l != nil {
+		if l != nil {
 			if n > 0 {
 				n = trackRecvs(*l, wc[:n])
 			}
-			if raw < len(wc) {
+			if raw < len(wc) && failed != 0 {
 				// The device has nothing more: a failed QP's receives flush.
-				n += flushFailed(*l, wc[n:])
+				n += flushFailed(*l, failed, wc[n:])
 			}
 		}
 		// A full batch that was all the provider's own (completions the

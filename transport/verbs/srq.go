@@ -197,15 +197,29 @@ func trackRecvs(l []*qp, wc []transport.WorkCompletion) int {
 	return j
 }
 
-// flushFailed fills wc with the flushes of failed QPs' outstanding
-// receives: called when the device had no more completions to give.
-func flushFailed(l []*qp, wc []transport.WorkCompletion) int {
+// failedBefore marks the QPs of l known to have failed, bit i for l[i];
+// a QP past the 63rd shares the last bit, which then stands for "any of
+// the rest" (flushFailed checks those again).
+func failedBefore(l []*qp) uint64 {
+	var m uint64
+	for i, q := range l {
+		if q.rq.failed.Load() {
+			m |= 1 << min(i, 63)
+		}
+	}
+	return m
+}
+
+// flushFailed fills wc with the flushes of the outstanding receives of
+// the QPs failedBefore marked before a poll the device answered with all
+// it had.
+func flushFailed(l []*qp, failed uint64, wc []transport.WorkCompletion) int {
 	n := 0
-	for _, q := range l {
+	for i, q := range l {
 		if n == len(wc) {
 			break
 		}
-		if q.rq.failed.Load() {
+		if failed&(1<<min(i, 63)) != 0 && q.rq.failed.Load() {
 			n += q.flushInto(wc[n:])
 		}
 	}
