@@ -206,7 +206,7 @@ func newConn(ctx context.Context, role string, provider string, dev transport.De
 	}
 	cfg = transport.QPConfig{
 		PD: c.pd, SendCQ: c.cq, RecvCQ: c.cq,
-		MaxSendWR: max(o.slotCount, maxCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1,
+		MaxSendWR: max(o.slotCount, maxCount) + 8 + maxServing*((o.rdvChunk+rdvSegment-1)/rdvSegment), MaxRecvWR: recvs, MaxSendSGE: 1, MaxRecvSGE: 1, RecvImmOnly: true,
 		MaxInline:  int(c.inlineMax),
 		RetryCount: 7, RNRRetry: 7, MinRNRTimer: time.Millisecond,
 	}

@@ -175,6 +175,11 @@ type NotifyCQ interface {
 	SetNotify(fn func())
 }
 
+// PooledRecvID is the work request ID a provider's shared receives carry
+// (QPConfig.RecvImmOnly). An error completion does not say whether a send
+// or a receive ended; this ID does.
+const PooledRecvID = 0xffff_fe00_7265_6376
+
 // QPConfig are the attributes of a new RC queue pair.
 type QPConfig struct {
 	PD         PD
@@ -185,6 +190,13 @@ type QPConfig struct {
 	MaxSendSGE int
 	MaxRecvSGE int
 	MaxInline  int
+	// RecvImmOnly says that no receive posted to the QP has an SGE: each
+	// only takes a message's immediate (an RDMA write with immediate, or
+	// a zero-length send). A provider may then serve them from receives
+	// shared with other such QPs, in their order of posting; a receive
+	// with an SGE is refused (ErrInvalidWR). PooledRecvID must not be
+	// the ID of any send WR of the QP.
+	RecvImmOnly bool
 	// RetryCount is the transport retry count (0–7).
 	RetryCount int
 	// RNRRetry is the receiver-not-ready retry count (0–7, 7 = infinite).

@@ -39,6 +39,7 @@ const (
 	VerbsSendDepth = "RDMAGRPC_VERBS_SEND_DEPTH"
 	VerbsRecvDepth = "RDMAGRPC_VERBS_RECV_DEPTH"
 	VerbsCQShare   = "RDMAGRPC_VERBS_CQ_SHARE"
+	VerbsRecvPool  = "RDMAGRPC_VERBS_RECV_POOL"
 	ShmDir         = "RDMAGRPC_SHM_DIR"
 	prefix         = "RDMAGRPC_"
 	providerAccept = "verbs or shm (either case)"
@@ -84,7 +85,8 @@ var ranged = []rangedVar{
 	{VerbsRoCEVer, "the RoCE version of the source GID (GID_INDEX wins over it); unset: rdma_cm's, normally 2", 1, 2},
 	{VerbsSendDepth, "the send work requests a queue pair keeps on the device, the rest of its depth held by the provider; 0: all of it on the device; unset: 7", 0, 1 << 15},
 	{VerbsRecvDepth, "the depth of the shared receive queue a queue pair starts with, grown to the depth asked for when full; 0: a receive queue of its own, of the full depth; unset: 31", 0, 1 << 15},
-	{VerbsCQShare, "how many connections' completion queues one device completion queue serves; 1: one of its own each; unset: 273", 1, 1 << 15},
+	{VerbsCQShare, "how many connections' completion queues one device completion queue serves; 1: one of its own each; unset: 238", 1, 1 << 15},
+	{VerbsRecvPool, "the receives one shared receive queue per device keeps posted for every connection (a connection's receives carry no data); 0: a queue per connection (RDMAGRPC_VERBS_RECV_DEPTH); unset: 511", 0, 1 << 15},
 }
 
 func init() {

@@ -197,10 +197,12 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 		// signals the CQ), lest a receive the device completes just
 		// after the poll flush ahead of it.
 		var failed uint64
-		l := c.rqs.Load()
-		if l != nil {
-			failed = failedBefore(*l)
+		var l []*qp
+		if p := c.rqs.Load(); p != nil {
+			l = *p
+			failed = failedBefore(l)
 		}
+		pool := c.dev.pool.Load()
 		var rc C.int
 		if c.sh != nil {
 			rc = c.sh.pollFor(c, wc)
@@ -218,13 +220,13 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 		if m := c.holds.Load(); m != nil && n > 0 {
 			n, touched = dropForced(*m, wc[:n], touched)
 		}
-		if l != nil {
+		if l != nil || pool != nil {
 			if n > 0 {
-				n = trackRecvs(*l, wc[:n])
+				n = trackRecvs(l, pool, wc[:n])
 			}
 			if raw < len(wc) && failed != 0 {
 				// The device has nothing more: a failed QP's receives flush.
-				n += flushFailed(*l, failed, wc[n:])
+				n += flushFailed(l, failed, wc[n:])
 			}
 		}
 		// A full batch that was all the provider's own (completions the
@@ -306,6 +308,7 @@ func (c *cq) Close() error {
 	default:
 		close(c.closing)
 	}
+	c.drainPooled()
 	forgetEvents(c.cq, &c.unacked, func() { delete(cqs, c.handle) })
 	if rc := C.shim_ibv_destroy_cq(c.cq); rc != 0 {
 		cqMu.Lock()

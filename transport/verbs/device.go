@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -43,6 +44,11 @@ type device struct {
 	shared   []*sharedCQ
 	async    *asyncReader
 	mem      memRegistry
+	// The receive pool (pool.go), created with the first QP it serves;
+	// poolErr: creating it failed, and QPs receive as if it were off.
+	poolMu  sync.Mutex
+	pool    atomic.Pointer[recvPool]
+	poolErr error
 
 	// Several devices: ndev is how many rdma_cm listed at Open; the
 	// others are opened when a route goes through them (sibling) and
@@ -250,6 +256,9 @@ func (d *device) Close() error {
 		}
 	}
 	if err := d.cm.close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.closePool(); err != nil {
 		errs = append(errs, err)
 	}
 	open := 0

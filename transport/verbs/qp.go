@@ -137,7 +137,15 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		depth = d
 	}
 	var srq *C.struct_ibv_srq
-	if start := q.dev.recvDepthFor(&a, len(cfg.InitialRecvs)); start > 0 {
+	if pool := q.dev.recvPoolFor(&a, cfg.RecvImmOnly); pool != nil {
+		q.newPooledQueue(pool, &a)
+		srq = pool.srq
+		if q.dev.qpEnv.rnr < 0 {
+			// A burst beyond the pool waits for its receives, as
+			// long as it takes (see recvPool).
+			a.rnrRetry = 7
+		}
+	} else if start := q.dev.recvDepthFor(&a, len(cfg.InitialRecvs)); start > 0 {
 		// A device out of shared queues (or memory for one) can still
 		// give the QP a receive queue of its own: only memory is lost.
 		if q.newRecvQueue(p, &a, start) == nil {
@@ -154,10 +162,7 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 	}
 	release, err := holdViews(scq, rcq)
 	if err != nil {
-		if q.rq != nil {
-			C.shim_destroy_srq(q.rq.srq)
-			q.rq = nil
-		}
+		q.dropRecvQueue()
 		return err
 	}
 	p.mu.Lock()
@@ -171,9 +176,8 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		bindQPs(scq, rcq, uint32(h.qp_num))
 	}
 	release()
-	if h == nil && q.rq != nil {
-		C.shim_destroy_srq(q.rq.srq)
-		q.rq = nil
+	if h == nil {
+		q.dropRecvQueue()
 	}
 	if closed {
 		return fmt.Errorf("verbs: QPConfig.PD is closed: %w", net.ErrClosed)
@@ -564,7 +568,11 @@ func (q *qp) PostRecv(wrs ...transport.RecvWR) (int, error) {
 	var rc C.int
 	if q.rq != nil {
 		var done int
-		done, rc = q.postShared()
+		if q.rq.pool != nil {
+			done, rc = q.postPooled()
+		} else {
+			done, rc = q.postShared()
+		}
 		posted = C.int(done)
 	} else {
 		rc = C.shim_post_recv(q.qp, unsafe.SliceData(q.recvWRs), C.int(k), sgePtr(q.sges), &posted)

@@ -48,6 +48,10 @@ const (
 	// (sharedcq.go); 1 gives each a device CQ of its own. Default 273,
 	// as many idle connections as fill 4,096 entries.
 	CQShareEnv = settings.VerbsCQShare
+	// RecvPoolEnv: the receives one shared receive queue of the device
+	// keeps posted for every QP whose receives carry no data (pool.go);
+	// 0: none (RecvDepthEnv applies to them too).
+	RecvPoolEnv = settings.VerbsRecvPool
 )
 
 // defaultSendDepth is the send queue a QP keeps on the device unless
@@ -60,18 +64,18 @@ const defaultRecvDepth = 31
 
 // qpEnv holds the overrides; -1: unset.
 type qpEnv struct {
-	timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth, recvDepth, cqShare int
+	timeout, retry, rnr, rnrTimer, sl, gidIndex, roce, sendDepth, recvDepth, cqShare, recvPool int
 }
 
 func readQPEnv() (qpEnv, error) {
-	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth, defaultRecvDepth, defaultCQShare}
+	e := qpEnv{-1, -1, -1, -1, -1, -1, -1, defaultSendDepth, defaultRecvDepth, defaultCQShare, defaultRecvPool}
 	for _, x := range []struct {
 		name string
 		dst  *int
 	}{
 		{TimeoutEnv, &e.timeout}, {RetryCountEnv, &e.retry}, {RNRRetryEnv, &e.rnr}, {MinRNRTimerEnv, &e.rnrTimer},
 		{ServiceLevelEnv, &e.sl}, {GIDIndexEnv, &e.gidIndex}, {RoCEVersionEnv, &e.roce},
-		{SendDepthEnv, &e.sendDepth}, {RecvDepthEnv, &e.recvDepth}, {CQShareEnv, &e.cqShare},
+		{SendDepthEnv, &e.sendDepth}, {RecvDepthEnv, &e.recvDepth}, {CQShareEnv, &e.cqShare}, {RecvPoolEnv, &e.recvPool},
 	} {
 		n, set, err := settings.Range(x.name)
 		if err != nil {

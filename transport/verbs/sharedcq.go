@@ -80,7 +80,7 @@ func newView(d *device, entries int) (*cq, error) {
 	var s *sharedCQ
 	for _, x := range d.shared {
 		x.mu.Lock()
-		room := !x.private && len(x.views) < d.qpEnv.cqShare && x.wants+entries <= d.attr.MaxCQE
+		room := !x.private && len(x.views) < d.qpEnv.cqShare && x.wants+entries+d.poolRoom() <= d.attr.MaxCQE
 		x.mu.Unlock()
 		if room {
 			s = x
@@ -89,7 +89,7 @@ func newView(d *device, entries int) (*cq, error) {
 	}
 	if s == nil {
 		var err error
-		if s, err = newSharedCQ(d, start); err != nil {
+		if s, err = newSharedCQ(d, start+d.poolRoom()); err != nil {
 			return nil, err
 		}
 		d.shared = append(d.shared, s)
@@ -126,7 +126,11 @@ func newSharedCQ(d *device, entries int) (*sharedCQ, error) {
 
 // resizeLocked grows the device queue to hold n entries, doubling, so
 // that a fleet of views resizes it a few times. The caller holds s.mu.
+//
+// Beside the allotments it keeps room for the device's whole receive
+// pool, which may complete on any CQ (see recvPool).
 func (s *sharedCQ) resizeLocked(n int) error {
+	n += s.dev.poolRoom()
 	if n <= s.cap {
 		return nil
 	}
@@ -221,6 +225,7 @@ func (s *sharedCQ) drainLocked(v *cq, wc []transport.WorkCompletion, n int, wake
 			switch {
 			case o == nil:
 				// A QP destroyed with its views: nobody polls it.
+				s.dev.countPooled(s.buf[i : i+1])
 			case o == v && n < len(wc):
 				wc[n] = *w
 				n++
@@ -331,6 +336,7 @@ func (d *device) dropShared(s *sharedCQ) error {
 	if i := slices.Index(d.shared, s); i >= 0 {
 		d.shared = slices.Delete(d.shared, i, i+1)
 	}
+	drainPooled(d, s.cq)
 	forgetEvents(s.cq, &s.unacked, func() { delete(sharedCQs, s.handle) })
 	if rc := C.shim_ibv_destroy_cq(s.cq); rc != 0 {
 		return fmt.Errorf("verbs: destroying a shared CQ: %w", opErr("ibv_destroy_cq", rc))
@@ -448,6 +454,7 @@ func (s *sharedCQ) removeLocked(c *cq) {
 	}
 	s.allot -= c.cap
 	s.wants -= c.want
+	s.dev.countPooled(c.lane)
 	c.lane = nil
 }
 

@@ -37,7 +37,10 @@ import (
 // completes once.
 type recvQueue struct {
 	srq *C.struct_ibv_srq
-	max int // the depth asked for: the queue grows to it
+	// pool: the device's receive pool serves the QP (pool.go), and srq is
+	// the pool's; ids are the consumer's receives, none on the device.
+	pool *recvPool
+	max  int // the depth asked for: the queue grows to it
 
 	mu     sync.Mutex
 	size   int      // what the queue holds now
@@ -70,6 +73,21 @@ func (q *qp) newRecvQueue(p *pd, a *qpAttrs, start int) error {
 	return nil
 }
 
+// newPooledQueue has the QP receive from pool.
+func (q *qp) newPooledQueue(pool *recvPool, a *qpAttrs) {
+	q.rq = &recvQueue{srq: pool.srq, pool: pool, max: a.maxRecvWR, size: a.maxRecvWR}
+	a.maxRecvSGE = 0
+}
+
+// dropRecvQueue undoes newRecvQueue or newPooledQueue for a QP that was
+// not created.
+func (q *qp) dropRecvQueue() {
+	if q.rq != nil && q.rq.pool == nil {
+		C.shim_destroy_srq(q.rq.srq)
+	}
+	q.rq = nil
+}
+
 // destroyRecvQueue releases the shared queue of a destroyed QP.
 func (q *qp) destroyRecvQueue() {
 	if q.rq == nil {
@@ -77,7 +95,62 @@ func (q *qp) destroyRecvQueue() {
 	}
 	q.rcq.detachRecvs(q.num)
 	unregisterRecvQueue(q)
+	if rq := q.rq; rq.pool != nil {
+		rq.mu.Lock()
+		n := len(rq.ids) - rq.head
+		rq.ids, rq.head = nil, 0
+		rq.mu.Unlock()
+		rq.pool.remove(n)
+		return
+	}
 	C.shim_destroy_srq(q.rq.srq)
+}
+
+// postPooled records q.recvWRs as the consumer's receives served by the
+// pool, as many as the depth asked for leaves room for. The caller holds
+// q.postMu and q.mu's read side.
+func (q *qp) postPooled() (int, C.int) {
+	rq := q.rq
+	rq.mu.Lock()
+	k := min(len(q.recvWRs), rq.max-(len(rq.ids)-rq.head))
+	for i := range q.recvWRs[:k] {
+		rq.ids = append(rq.ids, uint64(q.recvWRs[i].wr_id))
+	}
+	rq.mu.Unlock()
+	rq.pool.add(k)
+	if k > 0 && rq.failed.Load() {
+		q.rcq.signal() // flushed at once, as by a device
+	}
+	if k < len(q.recvWRs) {
+		return k, C.int(syscall.ENOMEM)
+	}
+	return k, 0
+}
+
+// take is the oldest receive outstanding, which a pooled receive of the
+// QP completed.
+func (rq *recvQueue) take() (uint64, bool) {
+	rq.mu.Lock()
+	defer rq.mu.Unlock()
+	if rq.head == len(rq.ids) {
+		return 0, false
+	}
+	id := rq.ids[rq.head]
+	if rq.head++; rq.head == len(rq.ids) {
+		rq.ids, rq.head = rq.ids[:0], 0
+	}
+	return id, true
+}
+
+// overrun fails q, whose peer sent a message no receive of its consumer
+// was posted for (see recvPool). From a goroutine: the poller holds the
+// CQ's locks, and SetError takes the QP's.
+func (q *qp) overrun() {
+	if q.rq.failed.Swap(true) {
+		return
+	}
+	// An error is a QP closed meanwhile: nothing left to fail.
+	go func() { _ = q.SetError() }()
 }
 
 // postShared posts q.recvWRs, with q.sges, to q's shared queue. The
@@ -169,21 +242,48 @@ func (q *qp) flushInto(wc []transport.WorkCompletion) int {
 	if rq.head == len(rq.ids) {
 		rq.ids, rq.head = rq.ids[:0], 0
 	}
+	if rq.pool != nil {
+		rq.pool.remove(n)
+	}
 	return n
 }
 
 // trackRecvs retires the receives of QPs with shared queues that wc
 // completed, drops those already flushed, and notes the QPs an error
 // completion shows failed. It returns how many of wc are left.
-func trackRecvs(l []*qp, wc []transport.WorkCompletion) int {
-	j := 0
+//
+// A pooled receive (ID PooledRecvID) completed on a QP the pool serves
+// becomes the oldest receive of its consumer; one of a QP not on l (its
+// QP is gone) is dropped, and either is posted again to pool.
+func trackRecvs(l []*qp, pool *recvPool, wc []transport.WorkCompletion) int {
+	j, spent, took := 0, 0, 0
 	for i := range wc {
 		w := &wc[i]
-		if q := qpOf(l, w.QPNum); q != nil {
+		q := qpOf(l, w.QPNum)
+		switch {
+		case pool != nil && w.ID == transport.PooledRecvID && (q == nil || q.rq.pool != nil):
+			spent++
+			if q == nil {
+				continue
+			}
+			id, ok := q.rq.take()
+			if !ok {
+				q.overrun()
+				continue
+			}
+			took++
+			w.ID = id
+			if w.Status != transport.StatusSuccess {
+				// An error completion's opcode is undefined; the ID
+				// says it ended a receive.
+				q.rq.failed.Store(true)
+				w.Opcode = transport.WCRecv
+			}
+		case q != nil:
 			if w.Status != transport.StatusSuccess {
 				q.rq.failed.Store(true)
 			}
-			if w.Opcode == transport.WCRecv || w.Opcode == transport.WCRecvRDMAWithImm {
+			if q.rq.pool == nil && (w.Opcode == transport.WCRecv || w.Opcode == transport.WCRecvRDMAWithImm) {
 				if !q.rq.completed(w.ID) {
 					continue
 				}
@@ -193,6 +293,9 @@ func trackRecvs(l []*qp, wc []transport.WorkCompletion) int {
 			wc[j] = *w
 		}
 		j++
+	}
+	if spent > 0 {
+		pool.spent(spent, took)
 	}
 	return j
 }

@@ -43,7 +43,7 @@ func TestReadQPEnv(t *testing.T) {
 	t.Setenv(MinRNRTimerEnv, "12")
 	t.Setenv(RecvDepthEnv, "0")
 	e, err := readQPEnv()
-	if err != nil || e != (qpEnv{timeout: 20, retry: -1, rnr: 7, rnrTimer: 12, sl: 3, gidIndex: -1, roce: 2, sendDepth: defaultSendDepth, cqShare: defaultCQShare}) {
+	if err != nil || e != (qpEnv{timeout: 20, retry: -1, rnr: 7, rnrTimer: 12, sl: 3, gidIndex: -1, roce: 2, sendDepth: defaultSendDepth, cqShare: defaultCQShare, recvPool: defaultRecvPool}) {
 		t.Fatalf("readQPEnv: %+v, %v", e, err)
 	}
 	a := qpAttrs{timeout: 14, retryCnt: 7, rnrRetry: 6, minRNRTimer: 14}

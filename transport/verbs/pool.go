@@ -1,0 +1,232 @@
+package verbs
+
+// #include "shim.h"
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/rdmagrpc/rdmagrpc/transport"
+)
+
+// The receive pool: one shared receive queue per device for every QP
+// whose receives carry no data (QPConfig.RecvImmOnly: conn's, whose
+// messages are RDMA writes with immediate into the peer's ring).
+//
+// A receive queue is mapped into the process whole, a page at least, and
+// a QP's own (or a shared queue of its own, srq.go) holds every receive
+// its consumer posts, most of which wait for traffic that an idle
+// connection never sees. Such receives hold no buffer, so they need not
+// be the consumer's: the device's queue holds receives of the provider,
+// all alike (ID PooledRecvID, no SGE), as many as are likely to be in
+// flight at once over all connections (RecvPoolEnv), and each QP keeps
+// its consumer's receive IDs in a list. A completion of a pooled receive
+// on a QP takes the oldest ID of that QP's list (an RC QP completes its
+// receives in order), and the pool posts another. rsockets and UCX's
+// shared receive queue serve their endpoints alike.
+//
+// What the interface promises of a receive queue holds: a receive
+// completes once, in order, with the consumer's ID; a QP in ERROR
+// flushes its consumer's receives (the provider does, srq.go, as it does
+// for a shared queue of its own).
+//
+// What differs from a queue of the QP's own:
+//   - A message that finds the pool empty (more in flight at once than
+//     the pool holds) meets receiver-not-ready and is sent again after the
+//     RNR timer; so pooled QPs ask their peers to retry such messages
+//     without limit.
+//   - A peer that sends more messages than the consumer posted receives
+//     for (a protocol violation: a device queue would have held it back
+//     with receiver-not-ready) fails the QP: the completion has no
+//     receive to take.
+//   - Every pooled receive may complete on any of the device's CQs. A
+//     device CQ shared by many connections keeps room for the whole pool
+//     (sharedcq.go), so that a peer that floods its connection fails that
+//     connection only; a CQ of a connection's own overflows alone.
+//   - The SRQ lives on the pool's own PD: its receives name no memory,
+//     so no PD's memory is reachable through it.
+type recvPool struct {
+	srq  *C.struct_ibv_srq
+	pd   *C.struct_ibv_pd
+	size int // the receives the queue holds, as granted
+
+	mu     sync.Mutex
+	posted int // the pool's receives on the device
+	want   int // the consumers' receives outstanding on pooled QPs
+	wrs    []C.struct_shim_recv
+	closed bool
+}
+
+// poolRoom is the CQ entries a shared CQ keeps for pooled receives: all
+// of the pool (see recvPool), once the device can have one.
+func (d *device) poolRoom() int {
+	if d.qpEnv.recvPool <= 0 || d.maxSRQ == 0 {
+		return 0
+	}
+	return min(d.qpEnv.recvPool, d.maxSRQWR)
+}
+
+// recvPoolFor is the pool a new QP with attributes a receives from,
+// created with the first such QP; nil if the QP is not served by one
+// (its receives may carry data, or the device or the setting has none).
+func (d *device) recvPoolFor(a *qpAttrs, immOnly bool) *recvPool {
+	size := d.poolRoom()
+	if !immOnly || size == 0 || a.maxRecvWR <= 0 {
+		return nil
+	}
+	d.poolMu.Lock()
+	defer d.poolMu.Unlock()
+	if p := d.pool.Load(); p != nil || d.poolErr != nil {
+		return p
+	}
+	pd, err := C.shim_ibv_alloc_pd(d.ctx)
+	if pd == nil {
+		d.poolErr = fmt.Errorf("verbs: the receive pool's PD: %w", errnoNow(err))
+		return nil
+	}
+	var wr, sge C.uint32_t
+	s, err := C.shim_create_srq(pd, C.uint32_t(size), 1, &wr, &sge)
+	if s == nil {
+		C.shim_ibv_dealloc_pd(pd)
+		d.poolErr = fmt.Errorf("verbs: the receive pool's ibv_create_srq(%d WRs): %w", size, errnoNow(err))
+		return nil
+	}
+	// Post what the device granted, no more than asked: the shared CQs'
+	// room is for size receives.
+	p := &recvPool{srq: s, pd: pd, size: min(int(wr), size)}
+	p.wrs = make([]C.struct_shim_recv, p.size)
+	for i := range p.wrs {
+		p.wrs[i].wr_id = C.uint64_t(transport.PooledRecvID)
+	}
+	d.pool.Store(p)
+	return p
+}
+
+// add records n receives a consumer posted, and fills the pool to them.
+func (p *recvPool) add(n int) {
+	p.mu.Lock()
+	p.want += n
+	p.refillLocked()
+	p.mu.Unlock()
+}
+
+// remove records n consumer receives that are gone without a pooled
+// receive (flushed, or their QP destroyed).
+func (p *recvPool) remove(n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.want -= n
+	p.mu.Unlock()
+}
+
+// spent records n of the pool's receives completed, of which took took a
+// consumer's receive, and posts as many again.
+func (p *recvPool) spent(n, took int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.posted -= n
+	p.want -= took
+	p.refillLocked()
+	p.mu.Unlock()
+}
+
+// refillLocked posts receives up to what consumers have outstanding, at
+// most the pool's size. A refused post (ENOMEM: the queue is full) says
+// the queue holds all it can.
+func (p *recvPool) refillLocked() {
+	k := min(p.want, p.size) - p.posted
+	if k <= 0 || p.closed {
+		return
+	}
+	var done C.int
+	rc := C.shim_post_srq_recv(p.srq, &p.wrs[0], C.int(k), nil, &done)
+	p.posted += int(done)
+	if rc != 0 && int(done) < k {
+		p.posted = p.size
+	}
+}
+
+// countPooled tells the pool of its receives among completions that no
+// consumer will see (their QP or CQ is gone): each is a receive to post
+// again.
+func (d *device) countPooled(wc []transport.WorkCompletion) {
+	p := d.pool.Load()
+	if p == nil {
+		return
+	}
+	n := 0
+	for i := range wc {
+		if wc[i].ID == transport.PooledRecvID {
+			n++
+		}
+	}
+	p.spent(n, 0)
+}
+
+// closePool destroys the pool once the device's QPs are gone.
+func (d *device) closePool() error {
+	d.poolMu.Lock()
+	p := d.pool.Swap(nil)
+	d.poolMu.Unlock()
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	if rc := C.shim_destroy_srq(p.srq); rc != 0 {
+		return fmt.Errorf("verbs: destroying the receive pool: %w", opErr("ibv_destroy_srq", rc))
+	}
+	if rc := C.shim_ibv_dealloc_pd(p.pd); rc != 0 {
+		return fmt.Errorf("verbs: the receive pool's PD: %w", opErr("ibv_dealloc_pd", rc))
+	}
+	return nil
+}
+
+// drainPooled polls a shared device CQ about to be destroyed, which no
+// view polls any more, for the pool's receives in it.
+func drainPooled(d *device, cq *C.struct_ibv_cq) {
+	if d.pool.Load() == nil {
+		return
+	}
+	var buf [16]transport.WorkCompletion
+	for {
+		n := C.shim_poll_cq(cq, (*C.struct_shim_wc)(unsafe.Pointer(&buf[0])), C.int(len(buf)))
+		if n <= 0 {
+			return
+		}
+		d.countPooled(buf[:n])
+	}
+}
+
+// drainPooled is drainPooled for a CQ of its own about to be destroyed:
+// the rest of what it holds waits in the stash, for Poll, should the
+// destruction be refused (a QP still uses the CQ). The caller holds c.mu.
+func (c *cq) drainPooled() {
+	if c.dev.pool.Load() == nil {
+		return
+	}
+	c.pollMu.Lock()
+	defer c.pollMu.Unlock()
+	var buf [16]transport.WorkCompletion
+	for {
+		n := int(C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&buf[0])), C.int(len(buf))))
+		if n <= 0 {
+			return
+		}
+		for _, w := range buf[:n] {
+			if w.ID == transport.PooledRecvID {
+				c.dev.countPooled([]transport.WorkCompletion{w})
+			} else {
+				c.stash = append(c.stash, w)
+			}
+		}
+		c.nstash.Store(int32(len(c.stash)))
+	}
+}
