@@ -94,6 +94,8 @@ enum ibv_event_type {
 	IBV_EVENT_SQ_DRAINED = 5,
 	IBV_EVENT_PATH_MIG = 6,
 	IBV_EVENT_PATH_MIG_ERR = 7,
+	IBV_EVENT_SRQ_ERR = 14,
+	IBV_EVENT_SRQ_LIMIT_REACHED = 15,
 	IBV_EVENT_QP_LAST_WQE_REACHED = 16,
 };
 
@@ -314,7 +316,7 @@ struct ibv_srq_init_attr {
 	struct ibv_srq_attr attr;
 };
 
-enum { IBV_SRQ_MAX_WR = 1 << 0 };
+enum { IBV_SRQ_MAX_WR = 1 << 0, IBV_SRQ_LIMIT = 1 << 1 };
 
 struct ibv_mr {
 	struct ibv_context *context;

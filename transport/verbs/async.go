@@ -66,6 +66,9 @@ func (r *asyncReader) serve() {
 		case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR:
 			asyncQPFailed(r.ctx, uint32(ev.qp_num))
 			return
+		case C.IBV_EVENT_SRQ_LIMIT_REACHED:
+			poolLow(uint64(ev.srq_handle))
+			return
 		case C.IBV_EVENT_CQ_ERR:
 		default:
 			return

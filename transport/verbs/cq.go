@@ -104,7 +104,7 @@ func newCQ(d *device, entries int) (*cq, error) {
 	if d.attr.MaxCQE > 0 && entries > d.attr.MaxCQE {
 		return nil, fmt.Errorf("verbs: CreateCQ(%d): device limit is %d entries", entries, d.attr.MaxCQE)
 	}
-	if d.cqGrows && d.qpEnv.cqShare > 1 && d.attr.MaxCQE > 0 {
+	if d.sharesCQs() {
 		return newView(d, entries)
 	}
 	h := newHandle()
@@ -202,7 +202,6 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 			l = *p
 			failed = failedBefore(l)
 		}
-		pool := c.dev.pool.Load()
 		var rc C.int
 		if c.sh != nil {
 			rc = c.sh.pollFor(c, wc)
@@ -220,9 +219,9 @@ func (c *cq) pollDevice(wc []transport.WorkCompletion, touched []*qp) (n, raw in
 		if m := c.holds.Load(); m != nil && n > 0 {
 			n, touched = dropForced(*m, wc[:n], touched)
 		}
-		if l != nil || pool != nil {
+		if l != nil {
 			if n > 0 {
-				n = trackRecvs(l, pool, wc[:n])
+				n = trackRecvs(l, wc[:n])
 			}
 			if raw < len(wc) && failed != 0 {
 				// The device has nothing more: a failed QP's receives flush.
@@ -308,7 +307,6 @@ func (c *cq) Close() error {
 	default:
 		close(c.closing)
 	}
-	c.drainPooled()
 	forgetEvents(c.cq, &c.unacked, func() { delete(cqs, c.handle) })
 	if rc := C.shim_ibv_destroy_cq(c.cq); rc != 0 {
 		cqMu.Lock()

@@ -5,7 +5,9 @@ import "C"
 
 import (
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
@@ -26,6 +28,14 @@ import (
 // on a QP takes the oldest ID of that QP's list (an RC QP completes its
 // receives in order), and the pool posts another. rsockets and UCX's
 // shared receive queue serve their endpoints alike.
+//
+// The pool learns that a receive was used only from its completion, so
+// one that sits unpolled would be lost to every connection. Pooled QPs
+// receive on views of shared device CQs (sharedcq.go), and a completion
+// is given its consumer's ID, and counted, by whoever polls the device
+// CQ: any view's poll, the completion event's handler. A device CQ that
+// nobody polls or arms is drained when the pool runs low: the device
+// raises the SRQ limit event once a quarter of the pool is left.
 //
 // What the interface promises of a receive queue holds: a receive
 // completes once, in order, with the consumer's ID; a QP in ERROR
@@ -48,9 +58,12 @@ import (
 //   - The SRQ lives on the pool's own PD: its receives name no memory,
 //     so no PD's memory is reachable through it.
 type recvPool struct {
-	srq  *C.struct_ibv_srq
-	pd   *C.struct_ibv_pd
-	size int // the receives the queue holds, as granted
+	dev    *device
+	handle uint64 // the SRQ's context, for its limit event
+	srq    *C.struct_ibv_srq
+	pd     *C.struct_ibv_pd
+	size   int          // the receives the queue holds, as granted
+	lows   atomic.Int32 // limit events served
 
 	mu     sync.Mutex
 	posted int // the pool's receives on the device
@@ -60,17 +73,56 @@ type recvPool struct {
 }
 
 // poolRoom is the CQ entries a shared CQ keeps for pooled receives: all
-// of the pool (see recvPool), once the device can have one.
+// of the pool (see recvPool), where the device can have one: it has
+// shared receive queues, and its CQs are views of shared device CQs,
+// whose pollers give pooled receives their consumers' IDs (mapPooled).
 func (d *device) poolRoom() int {
-	if d.qpEnv.recvPool <= 0 || d.maxSRQ == 0 {
+	if d.qpEnv.recvPool <= 0 || d.maxSRQ == 0 || !d.sharesCQs() {
 		return 0
 	}
 	return min(d.qpEnv.recvPool, d.maxSRQWR)
 }
 
+// sharesCQs says whether the consumers' CQs are views of shared device
+// CQs (sharedcq.go).
+func (d *device) sharesCQs() bool {
+	return d.cqGrows && d.qpEnv.cqShare > 1 && d.attr.MaxCQE > 0
+}
+
+// mapPooled gives w, a pooled receive completed on a QP served by view o
+// (nil: none), its consumer's ID: that QP's oldest receive outstanding.
+// It returns false for a completion to drop: its QP is gone, or its peer
+// sent beyond the receives posted, which fails the QP (see recvPool).
+// The pool's account is the caller's.
+func mapPooled(o *cq, w *transport.WorkCompletion) bool {
+	var q *qp
+	if o != nil {
+		if l := o.rqs.Load(); l != nil {
+			q = qpOf(*l, w.QPNum)
+		}
+	}
+	if q == nil || q.rq.pool == nil {
+		return false
+	}
+	id, ok := q.rq.take()
+	if !ok {
+		q.overrun()
+		return false
+	}
+	w.ID = id
+	if w.Status != transport.StatusSuccess {
+		// An error completion's opcode is undefined; the ID says it
+		// ended a receive.
+		q.rq.failed.Store(true)
+		w.Opcode = transport.WCRecv
+	}
+	return true
+}
+
 // recvPoolFor is the pool a new QP with attributes a receives from,
 // created with the first such QP; nil if the QP is not served by one
-// (its receives may carry data, or the device or the setting has none).
+// (its receives may carry data, its receive CQ is not a view, or the
+// device or the setting has none).
 func (d *device) recvPoolFor(a *qpAttrs, immOnly bool) *recvPool {
 	size := d.poolRoom()
 	if !immOnly || size == 0 || a.maxRecvWR <= 0 {
@@ -87,7 +139,8 @@ func (d *device) recvPoolFor(a *qpAttrs, immOnly bool) *recvPool {
 		return nil
 	}
 	var wr, sge C.uint32_t
-	s, err := C.shim_create_srq(pd, C.uint32_t(size), 1, &wr, &sge)
+	h := newHandle()
+	s, err := C.shim_create_srq(pd, C.uint64_t(h), C.uint32_t(size), 1, &wr, &sge)
 	if s == nil {
 		C.shim_ibv_dealloc_pd(pd)
 		d.poolErr = fmt.Errorf("verbs: the receive pool's ibv_create_srq(%d WRs): %w", size, errnoNow(err))
@@ -95,13 +148,64 @@ func (d *device) recvPoolFor(a *qpAttrs, immOnly bool) *recvPool {
 	}
 	// Post what the device granted, no more than asked: the shared CQs'
 	// room is for size receives.
-	p := &recvPool{srq: s, pd: pd, size: min(int(wr), size)}
+	p := &recvPool{dev: d, handle: h, srq: s, pd: pd, size: min(int(wr), size)}
 	p.wrs = make([]C.struct_shim_recv, p.size)
 	for i := range p.wrs {
 		p.wrs[i].wr_id = C.uint64_t(transport.PooledRecvID)
 	}
+	poolsMu.Lock()
+	pools[h] = p
+	poolsMu.Unlock()
+	p.arm()
 	d.pool.Store(p)
 	return p
+}
+
+// The pools by handle, for their SRQ limit events.
+var (
+	poolsMu sync.Mutex
+	pools   = map[uint64]*recvPool{}
+)
+
+// arm asks the device to tell when the pool runs low: a quarter left.
+// A device without the event (the modify is refused) refills on polls
+// only.
+func (p *recvPool) arm() { C.shim_arm_srq(p.srq, C.uint32_t(max(p.size/4, 1))) }
+
+// poolLow serves a pool's SRQ limit event. The pool posts again what the
+// device's pollers found completed; what sits in a device CQ that nobody
+// polls (its views' consumers neither poll nor armed them) would hold
+// receives back from every connection. So every shared CQ of the device
+// is drained into its views' lanes, which counts what they held, the
+// pool is refilled, and the event armed again.
+func poolLow(handle uint64) {
+	poolsMu.Lock()
+	p := pools[handle]
+	poolsMu.Unlock()
+	if p == nil {
+		return
+	}
+	p.lows.Add(1)
+	d := p.dev
+	d.sharedMu.Lock()
+	shared := slices.Clone(d.shared)
+	d.sharedMu.Unlock()
+	for _, s := range shared {
+		s.mu.Lock()
+		var wake []*cq
+		if !s.closed {
+			_, _, wake = s.drainLocked(nil, nil, 0, nil)
+		}
+		s.mu.Unlock()
+		wakeViews(wake, true)
+	}
+	p.mu.Lock()
+	p.refillLocked()
+	closed := p.closed
+	p.mu.Unlock()
+	if !closed {
+		p.arm()
+	}
 }
 
 // add records n receives a consumer posted, and fills the pool to them.
@@ -177,6 +281,9 @@ func (d *device) closePool() error {
 	if p == nil {
 		return nil
 	}
+	poolsMu.Lock()
+	delete(pools, p.handle)
+	poolsMu.Unlock()
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
@@ -202,31 +309,5 @@ func drainPooled(d *device, cq *C.struct_ibv_cq) {
 			return
 		}
 		d.countPooled(buf[:n])
-	}
-}
-
-// drainPooled is drainPooled for a CQ of its own about to be destroyed:
-// the rest of what it holds waits in the stash, for Poll, should the
-// destruction be refused (a QP still uses the CQ). The caller holds c.mu.
-func (c *cq) drainPooled() {
-	if c.dev.pool.Load() == nil {
-		return
-	}
-	c.pollMu.Lock()
-	defer c.pollMu.Unlock()
-	var buf [16]transport.WorkCompletion
-	for {
-		n := int(C.shim_poll_cq(c.cq, (*C.struct_shim_wc)(unsafe.Pointer(&buf[0])), C.int(len(buf))))
-		if n <= 0 {
-			return
-		}
-		for _, w := range buf[:n] {
-			if w.ID == transport.PooledRecvID {
-				c.dev.countPooled([]transport.WorkCompletion{w})
-			} else {
-				c.stash = append(c.stash, w)
-			}
-		}
-		c.nstash.Store(int32(len(c.stash)))
 	}
 }

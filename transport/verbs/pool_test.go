@@ -137,3 +137,65 @@ func TestVerbsRecvPool(t *testing.T) {
 		t.Fatalf("a receive posted after the overrun: %+v", wc)
 	}
 }
+
+// TestVerbsRecvPoolRefillsUnpolled: a pool of 16 serves a QP whose CQ
+// nobody polls or arms. Its 40 messages still arrive: when the pool runs
+// low the device says so (the SRQ limit event), and the provider drains
+// the device's CQs into their views' lanes, which counts the receives
+// used, and posts them again. Then the consumer polls all 40, in order.
+func TestVerbsRecvPoolRefillsUnpolled(t *testing.T) {
+	t.Setenv(RecvPoolEnv, "16")
+	// The sender's queue all on the device: held sends have the
+	// provider poll the CQ itself (sendhold.go), which would drain it.
+	t.Setenv(SendDepthEnv, "0")
+	d := openOrSkip(t)
+	imm := func(c *transport.QPConfig) { c.MaxSendWR, c.MaxRecvWR, c.RecvImmOnly = 64, 64, true }
+	cli, srv := pairWith(t, d, nil, nil, imm)
+	q := srv.qp.(*qp)
+	if q.rq == nil || q.rq.pool == nil {
+		t.Skipf("%s has no shared receive queues: no receive pool", q.dev.name)
+	}
+	if s := q.rq.pool.size; s != 16 {
+		t.Fatalf("pool of %d receives, want the 16 asked for", s)
+	}
+	const n = 40
+	recvs := make([]transport.RecvWR, n)
+	for i := range recvs {
+		recvs[i].ID = uint64(500 + i)
+	}
+	if k, err := srv.qp.PostRecv(recvs...); k != n || err != nil {
+		t.Fatalf("PostRecv of %d: %d, %v", n, k, err)
+	}
+	wrs := make([]transport.SendWR, n)
+	for i := range wrs {
+		cli.mem[i*8] = byte(i + 1)
+		wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWriteWithImm, Imm: uint32(i),
+			SG: cli.sge(i*8, 8), RemoteAddr: srv.mr.Addr() + uint64(i*8), RKey: srv.mr.RKey(), Signaled: i == n-1}
+	}
+	if k, err := cli.qp.PostSend(wrs...); k != n || err != nil {
+		t.Fatalf("PostSend: %d, %v", k, err)
+	}
+	// Neither side polls (the two CQs are views of one device CQ: a
+	// poll of either would drain it) until the 40th message is in
+	// memory: each found a receive.
+	deadline := time.Now().Add(20 * time.Second)
+	for srv.mem[(n-1)*8] != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("message %d not in memory after 20 s: the pool was not refilled while nobody polled", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if k := q.rq.pool.lows.Load(); k == 0 {
+		t.Fatal("the pool was refilled without a limit event: who polled?")
+	}
+	if wc := cli.next(ctx); wc.Err() != nil || wc.ID != n-1 {
+		t.Fatalf("sender's completion %+v", wc)
+	}
+	for i := range n {
+		if wc := srv.next(ctx); wc.Err() != nil || wc.ID != uint64(500+i) || wc.Imm != uint32(i) {
+			t.Fatalf("receive %d: %+v", i, wc)
+		}
+	}
+}

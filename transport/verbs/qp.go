@@ -137,7 +137,7 @@ func (q *qp) createQP(cfg transport.QPConfig) error {
 		depth = d
 	}
 	var srq *C.struct_ibv_srq
-	if pool := q.dev.recvPoolFor(&a, cfg.RecvImmOnly); pool != nil {
+	if pool := q.dev.recvPoolFor(&a, cfg.RecvImmOnly && rcq.view); pool != nil {
 		q.newPooledQueue(pool, &a)
 		srq = pool.srq
 		if q.dev.qpEnv.rnr < 0 {

@@ -213,7 +213,18 @@ func (s *sharedCQ) pollFor(v *cq, wc []transport.WorkCompletion) C.int {
 // rest into the lanes of their views, until it is empty or wc is full.
 // It returns the armed views that completions were routed to, disarmed,
 // for the caller to wake once it let go of s.mu.
+//
+// A pooled receive is given its consumer's ID here (mapPooled), by
+// whoever polls, so that the pool posts it again without waiting for its
+// view's consumer to poll.
 func (s *sharedCQ) drainLocked(v *cq, wc []transport.WorkCompletion, n int, wake []*cq) (int, C.int, []*cq) {
+	pool := s.dev.pool.Load()
+	spent, took := 0, 0
+	defer func() {
+		if spent > 0 {
+			pool.spent(spent, took)
+		}
+	}()
 	for {
 		m := C.shim_poll_cq(s.cq, (*C.struct_shim_wc)(unsafe.Pointer(&s.buf[0])), C.int(len(s.buf)))
 		if m < 0 {
@@ -222,10 +233,16 @@ func (s *sharedCQ) drainLocked(v *cq, wc []transport.WorkCompletion, n int, wake
 		for i := range s.buf[:m] {
 			w := &s.buf[i]
 			o := s.routes[w.QPNum]
+			if pool != nil && w.ID == transport.PooledRecvID {
+				spent++
+				if !mapPooled(o, w) {
+					continue
+				}
+				took++
+			}
 			switch {
 			case o == nil:
 				// A QP destroyed with its views: nobody polls it.
-				s.dev.countPooled(s.buf[i : i+1])
 			case o == v && n < len(wc):
 				wc[n] = *w
 				n++
@@ -454,7 +471,6 @@ func (s *sharedCQ) removeLocked(c *cq) {
 	}
 	s.allot -= c.cap
 	s.wants -= c.want
-	s.dev.countPooled(c.lane)
 	c.lane = nil
 }
 

@@ -107,13 +107,14 @@ int shim_post_srq_recv(struct ibv_srq *srq, const struct shim_recv *wrs, int n,
 	return post_recvs(NULL, srq, wrs, n, sges, posted);
 }
 
-struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max_sge,
+struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint64_t handle, uint32_t max_wr, uint32_t max_sge,
 				uint32_t *granted_wr, uint32_t *granted_sge)
 {
 	struct ibv_srq_init_attr a;
 	struct ibv_srq *srq;
 
 	memset(&a, 0, sizeof(a));
+	a.srq_context = (void *)(uintptr_t)handle;
 	a.attr.max_wr = max_wr;
 	a.attr.max_sge = max_sge;
 	srq = shim_lib.ibv_create_srq(pd, &a);
@@ -131,6 +132,15 @@ int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr)
 	memset(&a, 0, sizeof(a));
 	a.max_wr = max_wr;
 	return shim_lib.ibv_modify_srq(srq, &a, IBV_SRQ_MAX_WR);
+}
+
+int shim_arm_srq(struct ibv_srq *srq, uint32_t limit)
+{
+	struct ibv_srq_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.srq_limit = limit;
+	return shim_lib.ibv_modify_srq(srq, &a, IBV_SRQ_LIMIT);
 }
 
 int shim_destroy_srq(struct ibv_srq *srq)
@@ -550,6 +560,10 @@ int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out)
 	switch (ev.event_type) {
 	case IBV_EVENT_CQ_ERR:
 		out->cq_handle = (uint64_t)(uintptr_t)ev.element.cq->cq_context;
+		break;
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+	case IBV_EVENT_SRQ_ERR:
+		out->srq_handle = (uint64_t)(uintptr_t)ev.element.srq->srq_context;
 		break;
 	case IBV_EVENT_QP_FATAL:
 	case IBV_EVENT_QP_REQ_ERR:

@@ -78,7 +78,10 @@ int shim_post_recv(struct ibv_qp *qp, const struct shim_recv *wrs, int n,
 // as the QP's depth grows (qp.go, srq.go).
 int shim_post_srq_recv(struct ibv_srq *srq, const struct shim_recv *wrs, int n,
 		       const struct ibv_sge *sges, int *posted);
-struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max_sge,
+// shim_arm_srq asks for IBV_EVENT_SRQ_LIMIT_REACHED once fewer than limit
+// receives are left: 0 or an errno.
+int shim_arm_srq(struct ibv_srq *srq, uint32_t limit);
+struct ibv_srq *shim_create_srq(struct ibv_pd *pd, uint64_t handle, uint32_t max_wr, uint32_t max_sge,
 				uint32_t *granted_wr, uint32_t *granted_sge);
 // ibv_modify_srq of max_wr: 0 or an errno.
 int shim_resize_srq(struct ibv_srq *srq, uint32_t max_wr);
@@ -166,6 +169,7 @@ struct shim_async {
 	int32_t event;
 	uint64_t cq_handle; // for CQ events: the CQ's context
 	uint32_t qp_num;    // for QP events
+	uint64_t srq_handle; // for SRQ events: the SRQ's context
 };
 int shim_get_async_event(struct ibv_context *ctx, struct shim_async *out);
 int shim_async_fd(struct ibv_context *ctx);

@@ -64,7 +64,7 @@ func (d *device) recvDepthFor(a *qpAttrs, initial int) int {
 // q has none.
 func (q *qp) newRecvQueue(p *pd, a *qpAttrs, start int) error {
 	var wr, sge C.uint32_t
-	s, err := C.shim_create_srq(p.pd, C.uint32_t(start), C.uint32_t(a.maxRecvSGE), &wr, &sge)
+	s, err := C.shim_create_srq(p.pd, 0, C.uint32_t(start), C.uint32_t(a.maxRecvSGE), &wr, &sge)
 	if s == nil {
 		return fmt.Errorf("verbs: ibv_create_srq(%d WRs): %w", start, errnoNow(err))
 	}
@@ -248,38 +248,16 @@ func (q *qp) flushInto(wc []transport.WorkCompletion) int {
 	return n
 }
 
-// trackRecvs retires the receives of QPs with shared queues that wc
-// completed, drops those already flushed, and notes the QPs an error
-// completion shows failed. It returns how many of wc are left.
-//
-// A pooled receive (ID PooledRecvID) completed on a QP the pool serves
-// becomes the oldest receive of its consumer; one of a QP not on l (its
-// QP is gone) is dropped, and either is posted again to pool.
-func trackRecvs(l []*qp, pool *recvPool, wc []transport.WorkCompletion) int {
-	j, spent, took := 0, 0, 0
+// trackRecvs retires the receives of QPs with shared queues of their
+// own that wc completed, drops those already flushed, and notes the QPs
+// an error completion shows failed. It returns how many of wc are left.
+// (A pooled receive had its consumer's ID given where it was polled from
+// the device queue: mapPooled.)
+func trackRecvs(l []*qp, wc []transport.WorkCompletion) int {
+	j := 0
 	for i := range wc {
 		w := &wc[i]
-		q := qpOf(l, w.QPNum)
-		switch {
-		case pool != nil && w.ID == transport.PooledRecvID && (q == nil || q.rq.pool != nil):
-			spent++
-			if q == nil {
-				continue
-			}
-			id, ok := q.rq.take()
-			if !ok {
-				q.overrun()
-				continue
-			}
-			took++
-			w.ID = id
-			if w.Status != transport.StatusSuccess {
-				// An error completion's opcode is undefined; the ID
-				// says it ended a receive.
-				q.rq.failed.Store(true)
-				w.Opcode = transport.WCRecv
-			}
-		case q != nil:
+		if q := qpOf(l, w.QPNum); q != nil {
 			if w.Status != transport.StatusSuccess {
 				q.rq.failed.Store(true)
 			}
@@ -293,9 +271,6 @@ func trackRecvs(l []*qp, pool *recvPool, wc []transport.WorkCompletion) int {
 			wc[j] = *w
 		}
 		j++
-	}
-	if spent > 0 {
-		pool.spent(spent, took)
 	}
 	return j
 }
