@@ -66,8 +66,9 @@ type recvPool struct {
 	lows   atomic.Int32 // limit events served
 
 	mu     sync.Mutex
-	posted int // the pool's receives on the device
-	want   int // the consumers' receives outstanding on pooled QPs
+	armed  bool // for the SRQ limit event (armLocked)
+	posted int  // the pool's receives on the device
+	want   int  // the consumers' receives outstanding on pooled QPs
 	wrs    []C.struct_shim_recv
 	closed bool
 }
@@ -156,7 +157,6 @@ func (d *device) recvPoolFor(a *qpAttrs, immOnly bool) *recvPool {
 	poolsMu.Lock()
 	pools[h] = p
 	poolsMu.Unlock()
-	p.arm()
 	d.pool.Store(p)
 	return p
 }
@@ -167,17 +167,27 @@ var (
 	pools   = map[uint64]*recvPool{}
 )
 
-// arm asks the device to tell when the pool runs low: a quarter left.
-// A device without the event (the modify is refused) refills on polls
-// only.
-func (p *recvPool) arm() { C.shim_arm_srq(p.srq, C.uint32_t(max(p.size/4, 1))) }
+// armLocked asks the device to tell when the pool runs low, a quarter
+// left, while consumers want more receives than the pool holds. Only
+// then can receives that sit unpolled leave others without: while the
+// pool holds every receive consumers want, a connection's unpolled
+// messages take only receives its own consumer posted. Armed for every
+// pool, the event would come with nearly every message of a pool that
+// holds few. A device without the event (the modify is refused)
+// refills on polls only. The caller holds p.mu.
+func (p *recvPool) armLocked() {
+	if p.armed || p.closed || p.want <= p.size {
+		return
+	}
+	p.armed = C.shim_arm_srq(p.srq, C.uint32_t(max(p.size/4, 1))) == 0
+}
 
 // poolLow serves a pool's SRQ limit event. The pool posts again what the
 // device's pollers found completed; what sits in a device CQ that nobody
 // polls (its views' consumers neither poll nor armed them) would hold
 // receives back from every connection. So every shared CQ of the device
 // is drained into its views' lanes, which counts what they held, the
-// pool is refilled, and the event armed again.
+// pool is refilled, and the event armed again if still needed.
 func poolLow(handle uint64) {
 	poolsMu.Lock()
 	p := pools[handle]
@@ -200,12 +210,9 @@ func poolLow(handle uint64) {
 		wakeViews(wake, true)
 	}
 	p.mu.Lock()
+	p.armed = false // the event is raised once per arming
 	p.refillLocked()
-	closed := p.closed
 	p.mu.Unlock()
-	if !closed {
-		p.arm()
-	}
 }
 
 // add records n receives a consumer posted, and fills the pool to them.
@@ -244,6 +251,7 @@ func (p *recvPool) spent(n, took int) {
 // most the pool's size. A refused post (ENOMEM: the queue is full) says
 // the queue holds all it can.
 func (p *recvPool) refillLocked() {
+	p.armLocked()
 	k := min(p.want, p.size) - p.posted
 	if k <= 0 || p.closed {
 		return
