@@ -13,7 +13,7 @@ RXE_TIMEOUT ?= 20m
 # too (it doubles the conn run under TCG, ≈ 5 min for the whole tier).
 RXE_GOFLAGS ?= -race
 
-.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-compare bench-rxe-pair bench-rxe-ref bench-rxe-ref-pair bench-rxe-samehost perf-rxe
+.PHONY: test-rxe rxerun rxe-clean bench-rxe bench-rxe-idle-maps bench-rxe-compare bench-rxe-pair bench-rxe-ref bench-rxe-ref-pair bench-rxe-samehost perf-rxe
 
 test-rxe: deps
 	RDMAGRPC_RXE=1 RDMAGRPC_RXE_CACHE=$(RXE_CACHE) RDMAGRPC_RXE_PKGS="$(RXE_PKGS)" \
@@ -66,6 +66,18 @@ bench-rxe-ref: deps
 	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
 	bin/rxerun -cache $(RXE_CACHE) -mem 2048 -timeout 30m -f bin/rdmabench -f tests/rxe/bench-idle.sh $(RXE_REF_ENV) \
 	  -e REF=1 -e BENCH=0 -- /rxe/bin/bench-idle.sh
+
+# Idle connections over verbs with the device's mappings counted
+# (tests/rxe/bench-idle-maps.sh): RXE_IDLE of them (1000 unless set),
+# once per value in RXE_VALUES of the setting RXE_SETTING, e.g.
+# RXE_SETTING=RDMAGRPC_VERBS_RECV_POOL RXE_VALUES="511 0". 10,000 take
+# about 15 minutes under TCG.
+RXE_IDLE ?= 1000
+bench-rxe-idle-maps: deps
+	$(GO) build -o bin/rdmabench ./cmd/rdmabench
+	$(GO) build -o bin/rxerun ./tests/rxe/cmd/rxerun
+	bin/rxerun -cache $(RXE_CACHE) -mem 3072 -timeout 60m -f bin/rdmabench -f tests/rxe/bench-idle-maps.sh \
+	  -e IDLE=$(RXE_IDLE) -e SETTING=$(RXE_SETTING) -e "VALUES=$(RXE_VALUES)" -- /rxe/bin/bench-idle-maps.sh
 
 # The speed figures over verbs before and after a change: rdmabench built
 # at BEFORE (a commit; a git worktree) and here, run alternately in one
