@@ -45,16 +45,16 @@ import (
 // What differs from a queue of the QP's own:
 //   - A message that finds the pool empty (more in flight at once than
 //     the pool holds) meets receiver-not-ready and is sent again after the
-//     RNR timer; so pooled QPs ask their peers to retry such messages
-//     without limit.
+//     RNR timer; so a pooled QP retries such messages without limit, and
+//     asks its peer to in the connection's handshake.
 //   - A peer that sends more messages than the consumer posted receives
 //     for (a protocol violation: a device queue would have held it back
 //     with receiver-not-ready) fails the QP: the completion has no
 //     receive to take.
-//   - Every pooled receive may complete on any of the device's CQs. A
-//     device CQ shared by many connections keeps room for the whole pool
-//     (sharedcq.go), so that a peer that floods its connection fails that
-//     connection only; a CQ of a connection's own overflows alone.
+//   - Every pooled receive may complete on any of the device's CQs. So
+//     a device CQ shared by many connections keeps room for the whole
+//     pool (sharedcq.go), so that a peer that floods its connection
+//     fails that connection only.
 //   - The SRQ lives on the pool's own PD: its receives name no memory,
 //     so no PD's memory is reachable through it.
 type recvPool struct {
