@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
@@ -264,23 +263,6 @@ func (p *recvPool) refillLocked() {
 	}
 }
 
-// countPooled tells the pool of its receives among completions that no
-// consumer will see (their QP or CQ is gone): each is a receive to post
-// again.
-func (d *device) countPooled(wc []transport.WorkCompletion) {
-	p := d.pool.Load()
-	if p == nil {
-		return
-	}
-	n := 0
-	for i := range wc {
-		if wc[i].ID == transport.PooledRecvID {
-			n++
-		}
-	}
-	p.spent(n, 0)
-}
-
 // closePool destroys the pool once the device's QPs are gone.
 func (d *device) closePool() error {
 	d.poolMu.Lock()
@@ -302,20 +284,4 @@ func (d *device) closePool() error {
 		return fmt.Errorf("verbs: the receive pool's PD: %w", opErr("ibv_dealloc_pd", rc))
 	}
 	return nil
-}
-
-// drainPooled polls a shared device CQ about to be destroyed, which no
-// view polls any more, for the pool's receives in it.
-func drainPooled(d *device, cq *C.struct_ibv_cq) {
-	if d.pool.Load() == nil {
-		return
-	}
-	var buf [16]transport.WorkCompletion
-	for {
-		n := C.shim_poll_cq(cq, (*C.struct_shim_wc)(unsafe.Pointer(&buf[0])), C.int(len(buf)))
-		if n <= 0 {
-			return
-		}
-		d.countPooled(buf[:n])
-	}
 }

@@ -349,11 +349,13 @@ func (s *sharedCQ) leave(c *cq) error {
 func (d *device) dropShared(s *sharedCQ) error {
 	s.mu.Lock()
 	s.closed = true // the event handler, which holds no view, checks it
+	// What the device queue still holds is of QPs that are gone; drained
+	// as any poll does, so that the pool counts its receives in it.
+	s.drainLocked(nil, nil, 0, nil)
 	s.mu.Unlock()
 	if i := slices.Index(d.shared, s); i >= 0 {
 		d.shared = slices.Delete(d.shared, i, i+1)
 	}
-	drainPooled(d, s.cq)
 	forgetEvents(s.cq, &s.unacked, func() { delete(sharedCQs, s.handle) })
 	if rc := C.shim_ibv_destroy_cq(s.cq); rc != 0 {
 		return fmt.Errorf("verbs: destroying a shared CQ: %w", opErr("ibv_destroy_cq", rc))
