@@ -62,21 +62,10 @@ func TestVerbsRecvPool(t *testing.T) {
 	if posted, want := poolCounts(p); want != base+2*n || posted != min(want, p.size) {
 		t.Fatalf("after 2 × %d receives: pool has %d posted for %d wanted, want %d for %d", n, posted, want, min(base+2*n, p.size), base+2*n)
 	}
-	write := func(c, s *side, k int) {
-		t.Helper()
-		wrs := make([]transport.SendWR, k)
-		for i := range wrs {
-			wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWriteWithImm, Imm: uint32(i),
-				SG: c.sge(i*8, 8), RemoteAddr: s.mr.Addr() + uint64(i*8), RKey: s.mr.RKey(), Signaled: i == k-1}
-		}
-		if got, err := c.qp.PostSend(wrs...); got != k || err != nil {
-			t.Fatalf("PostSend: %d, %v", got, err)
-		}
-	}
 	// Interleaved, so that the pool's receives alternate between the QPs.
 	for range 2 {
-		write(cli1, srv1, n/2)
-		write(cli2, srv2, n/2)
+		postImmWrites(t, cli1, srv1, n/2)
+		postImmWrites(t, cli2, srv2, n/2)
 	}
 	for _, e := range []struct {
 		s    *side
@@ -116,7 +105,7 @@ func TestVerbsRecvPool(t *testing.T) {
 	// A peer that sends beyond the receives posted: the QP fails, and
 	// the receive posted after the overrun flushes.
 	post(srv2, 300, 1)
-	write(cli2, srv2, 2)
+	postImmWrites(t, cli2, srv2, 2)
 	if wc := srv2.next(ctx); wc.Err() != nil || wc.ID != 300 {
 		t.Fatalf("the one receive posted: %+v", wc)
 	}
@@ -166,15 +155,10 @@ func TestVerbsRecvPoolRefillsUnpolled(t *testing.T) {
 	if k, err := srv.qp.PostRecv(recvs...); k != n || err != nil {
 		t.Fatalf("PostRecv of %d: %d, %v", n, k, err)
 	}
-	wrs := make([]transport.SendWR, n)
-	for i := range wrs {
+	for i := range n {
 		cli.mem[i*8] = byte(i + 1)
-		wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWriteWithImm, Imm: uint32(i),
-			SG: cli.sge(i*8, 8), RemoteAddr: srv.mr.Addr() + uint64(i*8), RKey: srv.mr.RKey(), Signaled: i == n-1}
 	}
-	if k, err := cli.qp.PostSend(wrs...); k != n || err != nil {
-		t.Fatalf("PostSend: %d, %v", k, err)
-	}
+	postImmWrites(t, cli, srv, n)
 	// Neither side polls (the two CQs are views of one device CQ: a
 	// poll of either would drain it) until the 40th message is in
 	// memory: each found a receive.

@@ -38,14 +38,7 @@ func TestVerbsSharedReceiveQueue(t *testing.T) {
 	if s := q.rq.size; n > 31 && s < 64 {
 		t.Fatalf("shared queue holds %d WRs after a post of %d, want the 64 asked for", s, n)
 	}
-	wrs := make([]transport.SendWR, n)
-	for i := range wrs {
-		wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWriteWithImm, Imm: uint32(i),
-			SG: cli.sge(i*8, 8), RemoteAddr: srv.mr.Addr() + uint64(i*8), RKey: srv.mr.RKey(), Signaled: i == n-1}
-	}
-	if k, err := cli.qp.PostSend(wrs...); k != n || err != nil {
-		t.Fatalf("PostSend: %d, %v", k, err)
-	}
+	postImmWrites(t, cli, srv, n)
 	for i := range n {
 		if wc := srv.next(ctx); wc.Err() != nil || wc.ID != uint64(i) || wc.Imm != uint32(i) || wc.Opcode != transport.WCRecvRDMAWithImm {
 			t.Fatalf("receive %d: %+v", i, wc)
@@ -75,5 +68,20 @@ func TestVerbsSharedReceiveQueue(t *testing.T) {
 	var wc [8]transport.WorkCompletion
 	if k, err := srv.cq.Poll(wc[:]); k != 0 || err != nil {
 		t.Fatalf("after the flushes: %+v, %v", wc[:k], err)
+	}
+}
+
+// postImmWrites posts k WRITE_WITH_IMMs from c into s's memory: write i
+// carries c's 8 bytes at i*8 to s's i*8, with immediate i; the last is
+// signalled.
+func postImmWrites(t *testing.T, c, s *side, k int) {
+	t.Helper()
+	wrs := make([]transport.SendWR, k)
+	for i := range wrs {
+		wrs[i] = transport.SendWR{ID: uint64(i), Opcode: transport.OpWriteWithImm, Imm: uint32(i),
+			SG: c.sge(i*8, 8), RemoteAddr: s.mr.Addr() + uint64(i*8), RKey: s.mr.RKey(), Signaled: i == k-1}
+	}
+	if got, err := c.qp.PostSend(wrs...); got != k || err != nil {
+		t.Fatalf("PostSend of %d: %d, %v", k, got, err)
 	}
 }
