@@ -128,7 +128,9 @@ func TestPackagesInGuest(t *testing.T) {
 			// Pinned, so that a package's dials within the guest test
 			// verbs: chosen, verbs serves other hosts and shm this one
 			// (TestRXESameHost*, TestRXEPairChooses* unset it).
-			pinned := []string{"RDMAGRPC_PROVIDER=verbs"}
+			// The watchdog fires after the test's own time-out (8m) and
+			// before the host gives up (10m).
+			pinned := []string{"RDMAGRPC_PROVIDER=verbs", "RXE_WATCHDOG=540"}
 			env = append(env, pinned...)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
@@ -139,6 +141,11 @@ func TestPackagesInGuest(t *testing.T) {
 			})
 			t.Logf("%s in one guest: exit %d, boot %v, run %v", name, r.ExitCode, r.Boot.Round(time.Millisecond), r.Run.Round(time.Millisecond))
 			if err != nil {
+				// A guest that never printed its exit marker (hung, or
+				// killed at the deadline): what it was running when it
+				// stopped is the end of its output.
+				failed = append(failed, name+" in one guest: "+err.Error())
+				failed = append(failed, "the output's last lines:", lastLines(r.Output, 40))
 				t.Fatalf("%v\noutput:\n%s", err, r.Output)
 			}
 			if r.ExitCode != 0 || testing.Verbose() {

@@ -31,6 +31,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime/debug"
+	"time"
 
 	"github.com/rdmagrpc/rdmagrpc/bufpool"
 	"github.com/rdmagrpc/rdmagrpc/conn"
@@ -72,7 +74,10 @@ func main() {
 	size := flag.Int("size", 1<<16, "reg: bytes per region")
 	pool := flag.Int("pool", 0, "reg: buffers taken from a bufpool at once, then discarded")
 	addr := flag.String("addr", "", "conn: listen address (IP:0 of the RDMA netdev)")
+	limit := flag.Duration("limit", 2*time.Minute, "exit with every goroutine's stack after this long: a hung helper names where it hangs instead of stalling its test")
 	flag.Parse()
+	debug.SetTraceback("all")
+	time.AfterFunc(*limit, func() { panic(fmt.Sprintf("verbsreg -mode %s: still running after %v", *mode, *limit)) })
 	p, err := transport.Get(verbs.Name)
 	if err != nil {
 		fail(err)

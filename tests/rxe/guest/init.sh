@@ -59,8 +59,32 @@ while [ "$RXE_NO_RDMA" != 1 ]; do
 done
 say "@@RXE-$RXE_NONCE-READY@@"
 cd /rxe/work
-sh /rxe/payload.sh >$out 2>&1 </dev/null
+# RXE_WATCHDOG=N (seconds): a payload still running after N has every
+# user task's state, wait channel and kernel stack printed, so that a run
+# the host gives up on says where it stood (a task stuck in the kernel
+# outlives even its own test's time-out).
+sh /rxe/payload.sh >$out 2>&1 </dev/null &
+payload=$!
+if [ -n "$RXE_WATCHDOG" ]; then
+	(
+		sleep "$RXE_WATCHDOG"
+		say "@@ watchdog: payload still running after ${RXE_WATCHDOG}s; user tasks: @@"
+		for t in /proc/[0-9]*/task/[0-9]*; do
+			# Kernel threads have an empty command line (and /proc
+			# files a size of 0, so test its content).
+			[ -n "$(tr '\0' ' ' <"${t%/task/*}/cmdline" 2>/dev/null)" ] || continue
+			read -r stat <"$t/stat" 2>/dev/null || continue
+			rest=${stat#*) }
+			say "-- $t $(cat "$t/comm" 2>/dev/null): state ${rest%% *}, wchan $(cat "$t/wchan" 2>/dev/null)"
+			sed 's/^/     /' "$t/stack" 2>/dev/null >$out
+		done
+		echo w >/proc/sysrq-trigger 2>/dev/null
+	) &
+	watchdog=$!
+fi
+wait $payload
 rc=$?
+[ -n "$watchdog" ] && kill $watchdog 2>/dev/null
 printf '\n@@RXE-%s-EXIT %d@@\n' "$RXE_NONCE" $rc >$out
 sync
 poweroff -f
