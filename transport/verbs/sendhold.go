@@ -322,11 +322,18 @@ func (c *cq) flushHeld(num uint32, held []heldSend) {
 
 // stashPoll polls the device into the stash; it returns the QPs with held
 // sends that had completions.
+//
+// A consumer that armed its CQ and sleeps learns of what the stash took
+// from the completion event, where the CQ is its own: the device raises
+// the event for a completion after the arm whoever polls it. A view's
+// event is the shared CQ's handler routing a completion to it (sharedcq.go),
+// and what this poll took is no longer there to route: so an armed view
+// whose stash this poll filled is woken here, as the event would have.
 func (c *cq) stashPoll() []*qp {
 	var touched []*qp
 	var buf [16]transport.WorkCompletion
 	c.pollMu.Lock()
-	defer c.pollMu.Unlock()
+	before := len(c.stash)
 	for {
 		n, raw, t, err := c.pollDevice(buf[:], touched)
 		touched = t
@@ -336,6 +343,11 @@ func (c *cq) stashPoll() []*qp {
 		}
 	}
 	c.nstash.Store(int32(len(c.stash)))
+	took := len(c.stash) > before
+	c.pollMu.Unlock()
+	if took && c.view && c.armed.Load() {
+		c.signal()
+	}
 	return touched
 }
 

@@ -120,3 +120,69 @@ func TestVerbsPollOfOneSeesPastUnaskedCompletions(t *testing.T) {
 		t.Fatalf("completion %+v, want ID %d", wc, n-1)
 	}
 }
+
+// TestVerbsStashWakesArmedView: a completion that the provider's own poll
+// takes into a view's stash (the poll that serves held sends) wakes the
+// view's consumer if it armed. A consumer sleeps on its armed view; the
+// event that would have woken it is the shared CQ's handler routing the
+// completion to it, and a completion already in the stash is not there
+// to route. Eight busy connections hung on this: a writer's post polled
+// its peer's credit message into the stash while the connection's
+// poller slept.
+func TestVerbsStashWakesArmedView(t *testing.T) {
+	d := openOrSkip(t)
+	cli, srv := pair(t, d, nil, nil)
+	c := cli.cq.(*cq)
+	if !c.view {
+		t.Skip("the device's CQs are not views of shared CQs here (RDMAGRPC_VERBS_CQ_SHARE)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if k, err := cli.qp.PostRecv(transport.RecvWR{ID: 7}); k != 1 || err != nil {
+		t.Fatalf("PostRecv: %d, %v", k, err)
+	}
+	// The receive completes before the consumer arms, into the view's
+	// lane (another poll took it), so that no event is raised for it; the
+	// consumer's own poll would find it (arm, then poll), but the
+	// provider's poll takes it first.
+	postImmWrites(t, srv, cli, 1)
+	if wc := srv.next(ctx); wc.Err() != nil {
+		t.Fatalf("write: %+v", wc)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		c.sh.mu.Lock()
+		_, _, wake := c.sh.drainLocked(nil, nil, 0, nil)
+		n := len(c.lane)
+		c.sh.mu.Unlock()
+		wakeViews(wake, false)
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the receive never reached the device queue")
+		}
+	}
+	woke := make(chan struct{}, 1)
+	c.SetNotify(func() {
+		select {
+		case woke <- struct{}{}:
+		default:
+		}
+	})
+	if err := cli.cq.ReqNotify(); err != nil {
+		t.Fatal(err)
+	}
+	c.stashPoll()
+	if c.nstash.Load() != 1 {
+		t.Fatalf("the provider's poll stashed %d completions, want the receive", c.nstash.Load())
+	}
+	select {
+	case <-woke:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the armed view's consumer was not woken for the completion in its stash")
+	}
+	var wc [2]transport.WorkCompletion
+	if k, err := cli.cq.Poll(wc[:]); k != 1 || err != nil || wc[0].ID != 7 || wc[0].Opcode != transport.WCRecvRDMAWithImm {
+		t.Fatalf("Poll: %d, %v, %+v", k, err, wc[:k])
+	}
+}
