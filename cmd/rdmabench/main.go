@@ -70,6 +70,7 @@ func main() {
 	refMB := flag.Int("refmb", 128, "with -ref: MiB per bandwidth figure, one way")
 	refMsgs := flag.Int("refmsgs", 100000, "with -ref: at most this many messages per bandwidth figure")
 	refLat := flag.Int("reflat", 20000, "with -ref: round trips per latency figure (64 B each way)")
+	refConns := flag.Int("refconns", 0, "with -ref: above 1, the bandwidth sizes again over this many connections at once, against ib_write_bw -q")
 	flag.Parse()
 	if cfg.HeapProfile != "" {
 		// Every allocation of a connection, not one per 512 KiB: the
@@ -92,7 +93,7 @@ func main() {
 		}
 		refMain(refConfig{
 			sizes: rs, latSize: 64, rounds: cfg.Rounds, server: *host, dev: *refDev, gid: *refGID,
-			provider: *provider, bytes: int64(*refMB) << 20, maxMsgs: *refMsgs, latIters: *refLat,
+			provider: *provider, bytes: int64(*refMB) << 20, maxMsgs: *refMsgs, latIters: *refLat, conns: *refConns,
 			peer: *refPeer, basePort: 20000, log: os.Stderr, timeout: 3 * time.Minute, startWait: 300 * time.Millisecond,
 		}, *refControlAddr, w)
 		return

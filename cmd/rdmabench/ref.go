@@ -46,6 +46,7 @@ type refConfig struct {
 	bytes     int64  // bytes per bandwidth figure (one way)
 	maxMsgs   int    // at most this many messages per bandwidth figure
 	latIters  int    // round trips per latency figure
+	conns     int    // above 1: the bandwidth sizes again, over this many connections (QPs) at once
 	peer      string // host:port of a -refcontrol running the server halves; "": here
 	basePort  int
 	log       io.Writer
@@ -67,9 +68,10 @@ func (c *refConfig) count(size int) int {
 
 // refStep is one figure of one tool.
 type refStep struct {
-	tool string
-	size int
-	lat  bool
+	tool  string
+	size  int
+	lat   bool
+	conns int // above 1: this many connections (perftest: QPs) at once
 }
 
 // refResults holds each round's values, keyed by row and tool.
@@ -99,6 +101,10 @@ func (r *refResults) median(row, tool string) (float64, bool) {
 func refRowBW(size int) string  { return "bw " + strconv.Itoa(size) }
 func refRowCPU(size int) string { return "cpu " + strconv.Itoa(size) }
 
+// The rows of a figure over many connections at once.
+func refRowBWConns(size int) string  { return "bw conns " + strconv.Itoa(size) }
+func refRowCPUConns(size int) string { return "cpu conns " + strconv.Itoa(size) }
+
 const (
 	refRowP50    = "lat p50"
 	refRowMean   = "lat mean"
@@ -126,6 +132,15 @@ func runRef(cfg refConfig, w io.Writer) error {
 			steps = append(steps, refStep{tool: t, size: size})
 		}
 	}
+	if cfg.conns > 1 {
+		// rstream has one connection; ib_write_bw's -q opens QPs of one
+		// process, as rdmagrpc's connections are of one process.
+		for _, size := range cfg.sizes {
+			for _, t := range []string{refWriteBW, refRDMA} {
+				steps = append(steps, refStep{tool: t, size: size, conns: cfg.conns})
+			}
+		}
+	}
 	for _, t := range []string{refWriteLat, refSendLat, refRstream, refRDMA} {
 		steps = append(steps, refStep{tool: t, size: cfg.latSize, lat: true})
 	}
@@ -139,9 +154,9 @@ func runRef(cfg refConfig, w io.Writer) error {
 		for i := range steps {
 			s := steps[(off+i)%len(steps)]
 			port++
-			cfg.logf("ref round %d/%d: %s %s %s\n", round+1, cfg.rounds, s.tool, kindName(s.lat), sizeName(s.size))
+			cfg.logf("ref round %d/%d: %s\n", round+1, cfg.rounds, s)
 			if err := cfg.step(halves, s, port, res); err != nil {
-				msg := fmt.Sprintf("round %d, %s %s %s: %v", round+1, s.tool, kindName(s.lat), sizeName(s.size), err)
+				msg := fmt.Sprintf("round %d, %s: %v", round+1, s, err)
 				cfg.logf("ref: %s\n", msg)
 				res.fails = append(res.fails, msg)
 			}
@@ -149,6 +164,14 @@ func runRef(cfg refConfig, w io.Writer) error {
 	}
 	cfg.refMarkdown(w, res, time.Since(start))
 	return nil
+}
+
+func (s refStep) String() string {
+	str := s.tool + " " + kindName(s.lat) + " " + sizeName(s.size)
+	if s.conns > 1 {
+		str += fmt.Sprintf(", %d connections", s.conns)
+	}
+	return str
 }
 
 func kindName(lat bool) string {
@@ -169,6 +192,11 @@ func (cfg *refConfig) commands(s refStep, port int) (srv, cli []string) {
 	case refWriteBW, refSendBW, refWriteLat, refSendLat:
 		srv = []string{s.tool, "-d", cfg.dev, "-x", strconv.Itoa(cfg.gid), "-R", "-F",
 			"-s", strconv.Itoa(s.size), "-n", strconv.Itoa(n), "-p", p}
+		if s.conns > 1 {
+			// -n counts per QP.
+			srv[len(srv)-3] = strconv.Itoa(max(n/s.conns, 5))
+			srv = append(srv, "-q", strconv.Itoa(s.conns))
+		}
 		return srv, append(slices.Clone(srv), cfg.server)
 	case refRstream:
 		// Bandwidth: n transfers one way, then n back (rstream counts
@@ -187,6 +215,9 @@ func (cfg *refConfig) commands(s refStep, port int) (srv, cli []string) {
 	}
 	if s.tool == refRings {
 		common = append(common, "-rings")
+	}
+	if s.conns > 1 {
+		common = append(common, "-conns", strconv.Itoa(s.conns))
 	}
 	op := "write"
 	if s.lat {
@@ -224,11 +255,18 @@ func (cfg *refConfig) step(halves refServerHalves, s refStep, port int, res *ref
 	if srv.Err != "" {
 		// The client has its figure (for rdmagrpc: the server's count of
 		// what arrived, checked): the sample stands, the failure is told.
-		res.notes = append(res.notes, fmt.Sprintf("%s %s %s: the server half failed after the client had its figure: %s: %s",
-			s.tool, kindName(s.lat), sizeName(s.size), srv.Err, lastLines(srv.Out, 1)))
+		res.notes = append(res.notes, fmt.Sprintf("%s: the server half failed after the client had its figure: %s: %s",
+			s, srv.Err, lastLines(srv.Out, 1)))
 	}
 	cpu := (cli.CPU + srv.CPU).Seconds()
 	n := cfg.count(s.size)
+	rowBW, rowCPU := refRowBW(s.size), refRowCPU(s.size)
+	if s.conns > 1 {
+		rowBW, rowCPU = refRowBWConns(s.size), refRowCPUConns(s.size)
+		if s.tool == refWriteBW {
+			n = max(n/s.conns, 5) * s.conns // -n per QP, as commands gave it
+		}
+	}
 	switch {
 	case s.lat:
 		var p50, mean float64 // seconds, half a round trip
@@ -274,8 +312,8 @@ func (cfg *refConfig) step(halves refServerHalves, s refStep, port int, res *ref
 				return err
 			}
 		}
-		res.add(refRowBW(s.size), s.tool, bps)
-		res.add(refRowCPU(s.size), s.tool, cpu/(moved/1e6))
+		res.add(rowBW, s.tool, bps)
+		res.add(rowCPU, s.tool, cpu/(moved/1e6))
 	}
 	return nil
 }
@@ -401,6 +439,17 @@ func (cfg *refConfig) refMarkdown(w io.Writer, r *refResults, took time.Duration
 		rd := v[refRDMA]
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", sizeName(size), strings.Join(cells, " | "),
 			refRatio(rd, v[refWriteBW]), refRatio(rd, v[refRstream]))
+	}
+	if cfg.conns > 1 {
+		fmt.Fprintf(w, "\nThe same bytes over %d connections at once (ib_write_bw: -q %d, its QPs in one process pair; rdmagrpc: %d connections of one process pair, the writes shared among them, on the device's shared CQs and receive pool; CPU per MB as above):\n\n", cfg.conns, cfg.conns, cfg.conns)
+		fmt.Fprintf(w, "| size | ib_write_bw | rdmagrpc raw | rdmagrpc / ib_write_bw | CPU/MB ib_write_bw | CPU/MB rdmagrpc | CPU rdmagrpc / ib_write_bw |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		tools := []string{refWriteBW, refRDMA}
+		for _, size := range cfg.sizes {
+			bw, v := r.cells(refRowBWConns(size), tools, refMBps)
+			cpu, c := r.cells(refRowCPUConns(size), tools, func(x float64) string { return fmt.Sprintf("%.2f ms", x*1e3) })
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", sizeName(size), bw[0], bw[1], refRatio(v[refRDMA], v[refWriteBW]),
+				cpu[0], cpu[1], refRatio(c[refRDMA], c[refWriteBW]))
+		}
 	}
 	latTools := []string{refWriteLat, refSendLat, refRstream, refRDMA}
 	fmt.Fprintf(w, "\n%s request and response, one at a time; half the round trip, as perftest and rstream report it (rstream gives its mean only):\n\n", sizeName(cfg.latSize))

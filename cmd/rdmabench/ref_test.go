@@ -72,6 +72,14 @@ func TestRefCommands(t *testing.T) {
 		{refStep{tool: refWriteBW, size: 64},
 			"ib_write_bw -d rxe0 -x 1 -R -F -s 64 -n 100000 -p 20001",
 			"ib_write_bw -d rxe0 -x 1 -R -F -s 64 -n 100000 -p 20001 10.99.0.1"},
+		// Over 8 connections: perftest's -n is per QP, rdmagrpc's count
+		// is shared among its connections.
+		{refStep{tool: refWriteBW, size: 32 << 10, conns: 8},
+			"ib_write_bw -d rxe0 -x 1 -R -F -s 32768 -n 512 -p 20001 -q 8",
+			"ib_write_bw -d rxe0 -x 1 -R -F -s 32768 -n 512 -p 20001 -q 8 10.99.0.1"},
+		{refStep{tool: refRDMA, size: 32 << 10, conns: 8},
+			"rdmabench refchild -serve 10.99.0.1:20001 -size 32768 -count 4096 -provider verbs -conns 8",
+			"rdmabench refchild -dial 10.99.0.1:20001 -op write -size 32768 -count 4096 -provider verbs -conns 8"},
 	} {
 		srv, cli := cfg.commands(c.s, 20001)
 		if got := strings.Join(srv, " "); got != c.srv {

@@ -51,7 +51,12 @@ func refChild(args []string) int {
 	spin := fs.Duration("spin", -1, "conn.WithPollSpin for this half (negative: conn's default)")
 	large := fs.String("large", "", "conn.WithLargeBuffers for this half, as SIZExCOUNT (empty: conn's default)")
 	spinBusy := fs.Bool("spinbusy", false, "conn.WithSpinOnBusyHost for this half: spin whatever the host's load")
+	conns := fs.Int("conns", 1, "write: this many connections at once, the writes shared among them")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *conns < 1 || (*conns > 1 && *op != "write") {
+		fmt.Fprintln(os.Stderr, "rdmabench refchild: -conns must be 1, or more with -op write")
 		return 2
 	}
 	if *cpuprofile != "" {
@@ -92,9 +97,9 @@ func refChild(args []string) int {
 	var err error
 	switch {
 	case *serve != "":
-		err = refServe(ctx, *serve, opts, *stats)
+		err = refServe(ctx, *serve, *conns, opts, *stats)
 	case *dial != "":
-		err = refDial(ctx, *dial, *op, *size, *count, *provider, opts, *stats)
+		err = refDial(ctx, *dial, *op, *size, *count, *conns, *provider, opts, *stats)
 	default:
 		err = errors.New("refchild: -serve or -dial")
 	}
@@ -105,21 +110,37 @@ func refChild(args []string) int {
 	return 0
 }
 
-// refServe accepts one connection and serves what its first byte asks.
-func refServe(ctx context.Context, addr string, opts []conn.Option, stats bool) error {
+// refServe accepts n connections and serves what each one's first byte
+// asks, all at once.
+func refServe(ctx context.Context, addr string, n int, opts []conn.Option, stats bool) error {
 	l, err := conn.Listen(ctx, addr, opts...)
 	if err != nil {
 		return err
 	}
 	defer l.Close()
-	c, err := l.Accept()
-	if err != nil {
-		return err
+	errs := make(chan error, n)
+	for i := range n {
+		c, err := l.Accept()
+		if err != nil {
+			return fmt.Errorf("connection %d of %d: %w", i+1, n, err)
+		}
+		go func() {
+			defer c.Close()
+			if stats && i == 0 {
+				defer printStats("server", c)
+			}
+			errs <- refServeConn(c)
+		}()
 	}
-	defer c.Close()
-	if stats {
-		defer printStats("server", c)
+	var all []error
+	for range n {
+		all = append(all, <-errs)
 	}
+	return errors.Join(all...)
+}
+
+// refServeConn serves one connection.
+func refServeConn(c net.Conn) error {
 	var op [1]byte
 	if _, err := io.ReadFull(c, op[:]); err != nil {
 		return err
@@ -168,63 +189,112 @@ func refServe(ctx context.Context, addr string, opts []conn.Option, stats bool) 
 	return nil
 }
 
-// refDial connects (retrying while the server half starts), measures and
-// prints key=value figures on one line.
-func refDial(ctx context.Context, addr, op string, size, count int, provider string, opts []conn.Option, stats bool) error {
-	var c net.Conn
+// refDialOne connects (retrying while the server half starts).
+func refDialOne(ctx context.Context, addr string, opts []conn.Option) (net.Conn, error) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var err error
-		c, err = conn.Dial(ctx, addr, opts...)
+		c, err := conn.Dial(ctx, addr, opts...)
 		if err == nil {
 			if err = c.(*conn.Conn).Handshake(ctx); err == nil {
-				break
+				return c, nil
 			}
 			c.Close()
 		}
 		if time.Now().After(deadline) {
-			return err
+			return nil, err
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	defer c.Close()
+}
+
+// refWrites writes count messages on c, half-closes it and checks the
+// server's count of what arrived.
+func refWrites(c net.Conn, msg []byte, count int) (uint64, error) {
+	var sent uint64
+	for range count {
+		k, err := c.Write(msg)
+		sent += uint64(k)
+		if err != nil {
+			return sent, err
+		}
+	}
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		return sent, err
+	}
+	var ack [8]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil {
+		return sent, fmt.Errorf("the server's count: %w", err)
+	}
+	if got := binary.BigEndian.Uint64(ack[:]); got != sent {
+		return sent, fmt.Errorf("the server read %d bytes of %d", got, sent)
+	}
+	return sent, nil
+}
+
+// refDial connects n times, measures and prints key=value figures on one
+// line. With n connections the count of writes is shared among them,
+// and the figure runs from the first write to the last count's arrival.
+func refDial(ctx context.Context, addr, op string, size, count, n int, provider string, opts []conn.Option, stats bool) error {
+	cs := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for i := range n {
+		c, err := refDialOne(ctx, addr, opts)
+		if err != nil {
+			return fmt.Errorf("connection %d of %d: %w", i+1, n, err)
+		}
+		cs = append(cs, c)
+		if st := c.(*conn.Conn).Stats(); provider != "" && st.Provider != provider {
+			return fmt.Errorf("connection runs on %s, not %s (%s)", st.Provider, provider, st.ProviderReason)
+		}
+	}
+	c := cs[0]
 	if stats {
 		defer printStats("client", c)
 	}
 	st := c.(*conn.Conn).Stats()
-	if provider != "" && st.Provider != provider {
-		return fmt.Errorf("connection runs on %s, not %s (%s)", st.Provider, provider, st.ProviderReason)
-	}
 	msg := make([]byte, size)
 	for i := range msg {
 		msg[i] = byte(i)
 	}
 	switch op {
 	case "write":
-		if _, err := c.Write([]byte{refOpWrite}); err != nil {
-			return err
-		}
-		start := time.Now()
-		var sent uint64
-		for range count {
-			k, err := c.Write(msg)
-			sent += uint64(k)
-			if err != nil {
+		for _, c := range cs {
+			if _, err := c.Write([]byte{refOpWrite}); err != nil {
 				return err
 			}
 		}
-		if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
-			return err
+		type result struct {
+			sent uint64
+			err  error
 		}
-		var ack [8]byte
-		if _, err := io.ReadFull(c, ack[:]); err != nil {
-			return fmt.Errorf("the server's count: %w", err)
+		results := make(chan result, n)
+		start := time.Now()
+		for i, c := range cs {
+			k := count / n
+			if i < count%n {
+				k++
+			}
+			go func() {
+				sent, err := refWrites(c, msg, k)
+				results <- result{sent, err}
+			}()
+		}
+		var sent uint64
+		var errs []error
+		for range n {
+			r := <-results
+			sent += r.sent
+			errs = append(errs, r.err)
 		}
 		el := time.Since(start)
-		if got := binary.BigEndian.Uint64(ack[:]); got != sent {
-			return fmt.Errorf("the server read %d bytes of %d", got, sent)
+		if err := errors.Join(errs...); err != nil {
+			return err
 		}
-		fmt.Printf("provider=%s bytes=%d seconds=%.6f\n", st.Provider, sent, el.Seconds())
+		fmt.Printf("provider=%s bytes=%d seconds=%.6f conns=%d\n", st.Provider, sent, el.Seconds(), n)
 	case "pingpong":
 		hdr := append([]byte{refOpPingPong}, binary.BigEndian.AppendUint32(nil, uint32(size))...)
 		if _, err := c.Write(hdr); err != nil {
