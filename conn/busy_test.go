@@ -31,7 +31,7 @@ func TestManyBusyConns(t *testing.T) {
 			if err != nil {
 				t.Fatalf("round %d, connection %d: %v", round, i, err)
 			}
-			defer stop()
+			t.Cleanup(stop) // at the latest; a round that ends closes its own
 			pairs[i] = pair{w, r}
 		}
 		deadline := time.Now().Add(2 * time.Minute)
@@ -71,6 +71,10 @@ func TestManyBusyConns(t *testing.T) {
 			})
 		}
 		wg.Wait()
+		for _, p := range pairs {
+			p.w.Close()
+			p.r.Close()
+		}
 		close(errs)
 		for err := range errs {
 			t.Error(err)

@@ -72,9 +72,9 @@ if [ -n "$RXE_WATCHDOG" ]; then
 		for t in /proc/[0-9]*/task/[0-9]*; do
 			# Kernel threads have an empty command line (and /proc
 			# files a size of 0, so test its content).
-			[ -n "$(tr '\0' ' ' <"${t%/task/*}/cmdline" 2>/dev/null)" ] || continue
-			read -r stat <"$t/stat" 2>/dev/null || continue
-			rest=${stat#*) }
+			[ -n "$({ tr '\0' ' ' <"${t%/task/*}/cmdline"; } 2>/dev/null)" ] || continue
+			{ read -r stat <"$t/stat"; } 2>/dev/null || continue
+			rest=${stat##*) }
 			say "-- $t $(cat "$t/comm" 2>/dev/null): state ${rest%% *}, wchan $(cat "$t/wchan" 2>/dev/null)"
 			sed 's/^/     /' "$t/stack" 2>/dev/null >$out
 		done
