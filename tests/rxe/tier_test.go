@@ -161,7 +161,11 @@ func TestPackagesInGuest(t *testing.T) {
 				return
 			}
 			args := []string{name, "-test.v", "-test.count=1", "-test.timeout=8m", "-test.run", pairTests}
-			ra, rb, err := img.RunPair(ctx, Payload{Files: Files(bin), Args: args, Env: pinned}, Payload{Files: Files(bin), Args: args, Env: pinned})
+			// A deadline of its own, so that the watchdog fires before it
+			// in the pair too.
+			pctx, pcancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer pcancel()
+			ra, rb, err := img.RunPair(pctx, Payload{Files: Files(bin), Args: args, Env: pinned}, Payload{Files: Files(bin), Args: args, Env: pinned})
 			t.Logf("%s across two guests: exit a=%d b=%d, run %v / %v", name, ra.ExitCode, rb.ExitCode, ra.Run, rb.Run)
 			if err != nil || ra.ExitCode != 0 || rb.ExitCode != 0 || testing.Verbose() {
 				t.Logf("guest a output:\n%s\nguest b output:\n%s", ra.Output, rb.Output)
