@@ -171,6 +171,8 @@ func TestPackagesInGuest(t *testing.T) {
 				t.Logf("guest a output:\n%s\nguest b output:\n%s", ra.Output, rb.Output)
 			}
 			if err != nil {
+				failed = append(failed, name+" across two guests: "+err.Error(),
+					"guest a's last lines:", lastLines(ra.Output, 20), "guest b's last lines:", lastLines(rb.Output, 20))
 				t.Fatal(err)
 			}
 			t.Logf("%s across two guests, guest a: %s", name, countResults(ra.Output))
