@@ -66,6 +66,12 @@ func (c *refConfig) count(size int) int {
 	return max(min(n, c.maxMsgs), 5) // perftest wants at least 5
 }
 
+// perQP is perftest's -n for a bandwidth step over s.conns QPs: it
+// counts per QP, so the step's messages are shared among them.
+func (c *refConfig) perQP(s refStep) int {
+	return max(c.count(s.size)/s.conns, 5)
+}
+
 // refStep is one figure of one tool.
 type refStep struct {
 	tool  string
@@ -190,11 +196,12 @@ func (cfg *refConfig) commands(s refStep, port int) (srv, cli []string) {
 	}
 	switch s.tool {
 	case refWriteBW, refSendBW, refWriteLat, refSendLat:
+		if s.conns > 1 {
+			n = cfg.perQP(s)
+		}
 		srv = []string{s.tool, "-d", cfg.dev, "-x", strconv.Itoa(cfg.gid), "-R", "-F",
 			"-s", strconv.Itoa(s.size), "-n", strconv.Itoa(n), "-p", p}
 		if s.conns > 1 {
-			// -n counts per QP.
-			srv[len(srv)-3] = strconv.Itoa(max(n/s.conns, 5))
 			srv = append(srv, "-q", strconv.Itoa(s.conns))
 		}
 		return srv, append(slices.Clone(srv), cfg.server)
@@ -264,7 +271,7 @@ func (cfg *refConfig) step(halves refServerHalves, s refStep, port int, res *ref
 	if s.conns > 1 {
 		rowBW, rowCPU = refRowBWConns(s.size), refRowCPUConns(s.size)
 		if s.tool == refWriteBW {
-			n = max(n/s.conns, 5) * s.conns // -n per QP, as commands gave it
+			n = cfg.perQP(s) * s.conns
 		}
 	}
 	switch {

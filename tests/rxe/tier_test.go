@@ -144,8 +144,7 @@ func TestPackagesInGuest(t *testing.T) {
 				// A guest that never printed its exit marker (hung, or
 				// killed at the deadline): what it was running when it
 				// stopped is the end of its output.
-				failed = append(failed, name+" in one guest: "+err.Error())
-				failed = append(failed, "the output's last lines:", lastLines(r.Output, 40))
+				failed = append(failed, name+" in one guest: "+err.Error(), "the output's last lines:", lastLines(r.Output, 40))
 				t.Fatalf("%v\noutput:\n%s", err, r.Output)
 			}
 			if r.ExitCode != 0 || testing.Verbose() {
