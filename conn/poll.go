@@ -47,13 +47,16 @@ type pollState struct {
 	quietAt  uint32 // µs on the spin clock; 0: not quiet
 	quiets   uint8  // quiet periods opened, counted for spinProbeEvery
 
-	// flags: plFlagWaiting, plFlagPosting, plFlagDeferred.
+	// flags: plFlagWaiting, plFlagPosting, plFlagDeferred, and above
+	// them (plWaitShift) when a waiter last marked itself, on the spin
+	// clock: in the same word, as a Conn fits its allocation class.
 	flags atomic.Uint32
 }
 
 const (
-	// plFlagWaiting: a waiter armed the queue and sleeps on c.changed;
-	// the next kick wakes it to poll in the loop's place (kickWaiter).
+	// plFlagWaiting: a waiter sleeps on c.changed (markWaiting); once
+	// no loop runs, the next kick wakes it to poll in the loop's place
+	// (kickWaiterLocked).
 	plFlagWaiting = 1 << iota
 	// plFlagPosting: a writer is posting (postSend). A kick meanwhile is
 	// its own send completion finding the queue armed, most of the
@@ -61,6 +64,7 @@ const (
 	// rather than have a loop start for it.
 	plFlagPosting
 	plFlagDeferred
+	plWaitShift = iota
 )
 
 type pollAux struct {
@@ -123,9 +127,13 @@ func (c *rdmaConn) kickPoll() {
 	case c.pl.running:
 		c.pl.kicked = true
 	default:
+		kickedLoops.Add(1)
 		go c.poll(context.Background(), c.takeRoleLocked(), true)
 	}
 }
+
+// kickedLoops counts the loops a kick started (tests).
+var kickedLoops atomic.Uint64
 
 // kickWaiterLocked wakes the waiter that armed the queue, to poll in
 // the loop's place, and reports whether it did (false: no loop may
@@ -136,17 +144,42 @@ func (c *rdmaConn) kickPoll() {
 // than a sleeping reader's).
 func (c *rdmaConn) kickWaiterLocked() bool {
 	c.pl.mu.Lock()
-	if c.pl.stopped || c.pl.running || c.pl.suspended || c.pl.flags.And(^uint32(plFlagWaiting))&plFlagWaiting == 0 ||
-		spinClock()-c.pl.quietAt > uint32(waiterFresh/time.Microsecond) ||
+	if c.pl.stopped || c.pl.running || c.pl.suspended || c.pl.flags.Load()&plFlagWaiting == 0 ||
+		c.waited() > uint32(waiterFresh/time.Microsecond) ||
 		time.Now().UnixNano()-c.lastWrite.Load() > int64(waiterFresh) {
 		c.pl.mu.Unlock()
 		return false
 	}
+	c.pl.flags.And(^uint32(plFlagWaiting))
 	c.suspendedLocked()
 	c.pl.mu.Unlock()
 	kickedWaiters.Add(1)
 	c.broadcastLocked()
 	return true
+}
+
+// markWaiting says that the caller is about to sleep on c.changed: a
+// kick that comes once no loop runs wakes it to poll (kickWaiterLocked)
+// rather than start a loop that would then wake it. A reader that went
+// to sleep while a loop ran (grpc-go's writer posts from another
+// goroutine, and its send completions start the loop) is such a waiter
+// too: before, the loop that armed the queue and exited left it asleep,
+// and each of the peer's messages started a loop to wake it.
+func (c *rdmaConn) markWaiting() {
+	at := spinClock() << plWaitShift
+	for {
+		f := c.pl.flags.Load()
+		if c.pl.flags.CompareAndSwap(f, f&(1<<plWaitShift-1)|at|plFlagWaiting) {
+			return
+		}
+	}
+}
+
+// waited is how long ago a waiter last marked itself, in µs (modulo
+// 2^29, 9 minutes: a rare wrap only wakes a waiter to poll that a loop
+// would have woken).
+func (c *rdmaConn) waited() uint32 {
+	return (spinClock()<<plWaitShift - c.pl.flags.Load()&^(1<<plWaitShift-1)) >> plWaitShift
 }
 
 // waiterFresh: a waiter that slept longer is not woken to poll.
@@ -285,7 +318,7 @@ func (c *rdmaConn) pollFor(ch chan struct{}, deadline time.Time, done chan struc
 		if armed {
 			// The caller sleeps once the role is let go: the next kick
 			// wakes it rather than start a loop (kickPoll).
-			c.pl.flags.Or(plFlagWaiting)
+			c.markWaiting()
 			if c.pollExit(done) {
 				return false
 			}

@@ -55,6 +55,7 @@ func (c *rdmaConn) awaitReadable() {
 		if c.pollInstead(ch, time.Time{}) {
 			continue
 		}
+		c.markWaiting()
 		c.mu.Unlock()
 		<-ch
 		c.pl.flags.And(^uint32(plFlagWaiting))
