@@ -135,7 +135,7 @@ func (c *rdmaConn) kickPoll() {
 // kickedLoops counts the loops a kick started (tests).
 var kickedLoops atomic.Uint64
 
-// kickWaiterLocked wakes the waiter that armed the queue, to poll in
+// kickWaiterLocked wakes the waiter that marked itself, to poll in
 // the loop's place, and reports whether it did (false: no loop may
 // start on its behalf now, nobody waits, or the waiter has slept, or
 // the connection has not written, for longer than waiterFresh: it went
@@ -160,11 +160,10 @@ func (c *rdmaConn) kickWaiterLocked() bool {
 
 // markWaiting says that the caller is about to sleep on c.changed: a
 // kick that comes once no loop runs wakes it to poll (kickWaiterLocked)
-// rather than start a loop that would then wake it. A reader that went
-// to sleep while a loop ran (grpc-go's writer posts from another
-// goroutine, and its send completions start the loop) is such a waiter
-// too: before, the loop that armed the queue and exited left it asleep,
-// and each of the peer's messages started a loop to wake it.
+// rather than start a loop that would then wake it. That includes a
+// reader that went to sleep while a loop ran (grpc-go's writer posts
+// from another goroutine, and its send completions start the loop): the
+// loop arms the queue and exits, and the reader is the one to wake.
 func (c *rdmaConn) markWaiting() {
 	at := spinClock() << plWaitShift
 	for {

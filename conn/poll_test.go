@@ -325,8 +325,7 @@ func TestBusyHostWakesSleepingReader(t *testing.T) {
 	}
 	n := kickedLoops.Load() - loops
 	t.Logf("%d unary calls: %d loops started by a kick", calls, n)
-	// Before, both ends started a loop for nearly every message (shm:
-	// 639-673 loops in 300 calls). Over verbs the kicks come from the
+	// A loop per message would be about 600 here (both ends). Over verbs the kicks come from the
 	// provider's event goroutine, and more find a loop running or the
 	// connection locked (118 to over 150): the figure is logged there.
 	if os.Getenv("RXE_ADDR") != "" {
