@@ -328,6 +328,8 @@ func (l *listener) handshake(c *rawSock) {
 	}
 	// handOver takes the socket out of the pending set: from then on
 	// Close leaves it (and its deadline) to whoever answers the request.
+	// A socket that had to be waited for leaves Go's netpoller too
+	// (fromNet): there its every wake-up would wake the netpoller as well.
 	handedOver := false
 	handOver := func() {
 		if nc != nil && !handedOver {
@@ -335,6 +337,9 @@ func (l *listener) handshake(c *rawSock) {
 			delete(l.pending, nc)
 			l.mu.Unlock()
 			nc.SetReadDeadline(time.Time{})
+			if rs, err := fromNet(nc); err == nil {
+				s = rs
+			}
 		}
 		handedOver = true
 	}

@@ -471,6 +471,43 @@ func TestConnectRequestAcceptFailureRefused(t *testing.T) {
 	wantListenerFailed(t, b, "map peer memory") // a reject carries 56 bytes: the reason is cut
 }
 
+// A request that was not in the socket yet is waited for in Go's
+// netpoller; the socket leaves it again before the request is handed on,
+// so that a live connection's wake-ups wake the socket poller alone (in
+// the netpoller, every message each way would wake its thread too).
+func TestWaitedRequestLeavesNetpoller(t *testing.T) {
+	_, _, l := listenSides(t, 8, 8)
+	defer l.Close()
+	c, fds := rawSocket(t, l, infoFDs)
+	sl := l.(*listener)
+	testutil.Eventually(t, 5*time.Second, "the listener to wait for the request", func() (bool, string) {
+		sl.mu.Lock()
+		n := len(sl.pending)
+		sl.mu.Unlock()
+		return n == 1, fmt.Sprintf("%d pending", n)
+	})
+	info := qpInfo{num: 1, recvCap: 4, recvSGE: 1, cqCap: 8, addr: netip.MustParseAddrPort("127.0.0.1:1")}
+	if err := writeMsg(c, info.encode(msgConnect), fds...); err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.Accept(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Reject(nil)
+	if s, ok := r.(*connReq).s.(*rawSock); !ok {
+		t.Fatalf("the request's socket is a %T, want a *rawSock (outside Go's netpoller)", r.(*connReq).s)
+	} else if s.fd < 0 {
+		t.Fatal("the request's socket is closed")
+	}
+	sl.mu.Lock()
+	n := len(sl.pending)
+	sl.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d sockets still pending after the request was read", n)
+	}
+}
+
 // rawSocket connects to l over a socket of its own and returns it with n
 // descriptors (of standard input) to send, closed at the test's end.
 func rawSocket(t *testing.T, l transport.Listener, n int) (*net.UnixConn, []int) {

@@ -195,6 +195,35 @@ func (s *rawSock) toNet() (*net.UnixConn, error) {
 	return uc, nil
 }
 
+// fromNet takes c's socket back out of Go's netpoller, as a rawSock: a
+// live QP's socket is waited for by the socket poller alone. Registered
+// in the netpoller (edge triggered, for reading and writing), each
+// wake-up the peer sends and each one of ours it reads would also wake
+// the netpoller's thread, for nothing: a context switch per message on
+// a busy host. c is closed; on an error (out of descriptors) c is left
+// as it was, still usable as a netSock.
+func fromNet(c *net.UnixConn) (*rawSock, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd := -1
+	var derr error
+	if err := rc.Control(func(fd uintptr) {
+		// The copy shares the open file (and its O_NONBLOCK); closing c
+		// unregisters the file from the netpoller, not the copy's from
+		// anything.
+		nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", derr)
+	}
+	c.Close()
+	return &rawSock{fd: nfd}, nil
+}
+
 // netSock is a socket of Go's net: a listener's whose request had to be
 // waited for.
 type netSock struct {
