@@ -29,6 +29,18 @@
 // CPU-bound neighbour takes is user time; a hypervisor's other guests
 // show as steal, which counts.
 //
+// What strangers use is not what they want: a neighbour that shares a
+// processor with spinning threads gets less of it, and the next window
+// counts less of it. So a busy host becomes idle again only after
+// idleWindows windows in a row say so, windows in which nothing here
+// spun (Busy said busy throughout) and the count is fair, unless the
+// strangers all but stopped (under a quarter of a processor: a burst
+// that ended, not a neighbour held back). Without that, one window in
+// which a CPU-bound neighbour happened to get little (two busy processes
+// and it on two processors) let both ends of a gRPC pair spin, which
+// squeezed the neighbour further and kept the count low: the pair spun
+// through about a twentieth of its quiet periods.
+//
 // A peer whose pid this process cannot see (another PID namespace) is
 // counted as a stranger: while it works hard, its peers here stop
 // spinning, which costs them wake-ups, not correctness. Where /proc
@@ -53,6 +65,13 @@ const Window = 100 * time.Millisecond
 // for spinning to pay.
 const freeWanted = 6
 
+// idleWindows is how many idle windows in a row make a busy host idle,
+// unless the strangers used under faintX4 processors (×4) in the last.
+const (
+	idleWindows = 3
+	faintX4     = 1
+)
+
 // clkTck is USER_HZ, the unit of /proc's CPU times: 100 on every Linux
 // architecture Go supports.
 const clkTck = 100
@@ -70,6 +89,8 @@ type shared struct {
 	mu    sync.Mutex // held by the one sampling, and by AddPeer/DropPeer
 	s     sampler
 	peers map[int]*peerClock
+	idle  int  // idle windows in a row since the last busy one
+	faint bool // the strangers used under faintX4 in the last window
 }
 
 type peerClock struct {
@@ -91,11 +112,24 @@ func Busy() bool {
 	if at := state.at.Load(); now-at >= int64(Window) && state.mu.TryLock() {
 		if state.at.Load() == at {
 			state.at.Store(now)
-			state.busy.Store(state.sample(now))
+			state.busy.Store(state.verdict(state.sample(now)))
 		}
 		state.mu.Unlock()
 	}
 	return state.busy.Load()
+}
+
+// verdict is Busy's answer after a window that was busy or not (sample):
+// busy from the first busy window, idle again after idleWindows idle
+// ones in a row, or one in which the strangers were faint. state.mu is
+// held.
+func (st *shared) verdict(busy bool) bool {
+	if busy || st.faint {
+		st.idle = 0
+		return busy
+	}
+	st.idle++
+	return st.busy.Load() && st.idle < idleWindows
 }
 
 // AddPeer counts pid's CPU time as this process's own: it is the other
@@ -153,6 +187,7 @@ func (st *shared) sample(now int64) bool {
 		strangers := float64(host-s.host) - ours
 		free := float64(cpus) - strangers/window
 		busy = free*4 < freeWanted
+		st.faint = strangers/window*4 < faintX4
 	}
 	s.have, s.at, s.host, s.self = true, now, host, self
 	return busy

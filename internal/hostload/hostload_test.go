@@ -118,6 +118,58 @@ func TestBusyCountsStrangersOnly(t *testing.T) {
 	}
 }
 
+// A busy host turns idle again only after idleWindows idle windows in a
+// row: a CPU-bound neighbour that got less than half a processor in one
+// window (squeezed by this process and its peer) is still there. A
+// neighbour that all but stopped makes it idle at once.
+func TestBusyHoldsUntilIdleWindows(t *testing.T) {
+	f := newFakeHost(t)
+	var st shared
+	st.s = sampler{procFS: f.dir, selfFn: func() int64 { return f.self }}
+	st.peers = map[int]*peerClock{}
+	now := time.Now().UnixNano()
+	st.busy.Store(st.verdict(st.sample(now)))
+	// Each window: 10 ticks of each of two processors; ours take
+	// ourTicks between this process and its peer, the stranger the rest.
+	window := func(strangerTicks uint64) bool {
+		t.Helper()
+		f.host += strangerTicks + 10
+		f.self += 5 * 10_000
+		f.peer += 5
+		f.write()
+		if st.peers[7] == nil {
+			st.peers[7] = &peerClock{refs: 1, ticks: f.peer - 5, ok: true}
+		}
+		now += int64(Window)
+		st.busy.Store(st.verdict(st.sample(now)))
+		return st.busy.Load()
+	}
+	if window(0) {
+		t.Fatal("no stranger: busy")
+	}
+	if !window(10) {
+		t.Fatal("a stranger on one of two processors: not busy")
+	}
+	// Four tenths of a processor: an idle window, were it alone.
+	if !window(4) {
+		t.Fatal("busy host idle after one window in which the stranger got four tenths of a processor")
+	}
+	for i := 1; i < idleWindows-1; i++ {
+		if !window(4) {
+			t.Fatalf("busy host idle after %d windows in which the stranger got four tenths of a processor", i+1)
+		}
+	}
+	if window(4) {
+		t.Fatalf("still busy after %d idle windows in a row", idleWindows)
+	}
+	if !window(10) {
+		t.Fatal("the stranger back: not busy")
+	}
+	if window(1) {
+		t.Fatal("a stranger down to a tenth of a processor: still busy")
+	}
+}
+
 // A host of many processors: /proc/stat's cpuN lines pass the first
 // read's buffer, and every one is counted.
 func TestManyProcessors(t *testing.T) {
