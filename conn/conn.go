@@ -485,6 +485,7 @@ func (c *rdmaConn) waitLocked(ch chan struct{}, deadline time.Time) {
 	if c.pollInstead(ch, deadline) {
 		return
 	}
+	c.markWaiting()
 	c.mu.Unlock()
 	if deadline.IsZero() {
 		<-ch

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rdmagrpc/rdmagrpc/internal/hostload"
 	"github.com/rdmagrpc/rdmagrpc/transport"
 )
 
@@ -132,6 +133,22 @@ func (c *rdmaConn) kickPoll() {
 	}
 }
 
+// pollSpinNow is WithPollSpin, or 0 while the host is busy for a
+// connection that yields to it (hostload). A loop that left data for a
+// reader then arms the queue and exits, as with WithPollSpin(0), rather
+// than suspend for the reader to poll in its place: with no spin, the
+// reader would only take the role to arm the queue, after a round of
+// polls, clock reads and the suspension's timer.
+func (c *rdmaConn) pollSpinNow() time.Duration {
+	if c.yieldsToHost() && hostload.Busy() {
+		return 0
+	}
+	return c.o.pollSpin
+}
+
+// loopSuspensions counts the loops that suspended for a waiter (tests).
+var loopSuspensions atomic.Uint64
+
 // kickedLoops counts the loops a kick started (tests).
 var kickedLoops atomic.Uint64
 
@@ -190,7 +207,18 @@ var kickedWaiters atomic.Uint64
 // takeRoleLocked makes the caller the loop, suspended or not before,
 // and returns the channel it closes when it lets the role go. c.pl.mu is
 // held, and no loop runs.
+//
+// Taking a suspended loop's role stops the suspension's backstop: whoever
+// takes the role arms the queue or suspends again (setting it anew). Left
+// to fire, each backstop ran a goroutine of its own WithPollSpin later,
+// for nothing, and woke a thread for it when the processors had gone
+// idle meanwhile: on a busy host, a context switch taken from the peer.
+// A stopped timer is not a reset one (pollAux): the runtime only marks
+// it in its heap, and sweeps it out with others.
 func (c *rdmaConn) takeRoleLocked() chan struct{} {
+	if a := c.pl.aux; c.pl.suspended && a != nil && a.pending && a.backstop.Stop() {
+		a.pending = false
+	}
 	c.pl.suspended = false
 	c.pl.running, c.pl.done = true, make(chan struct{})
 	return c.pl.done
@@ -234,6 +262,9 @@ func (c *rdmaConn) suspendedLocked() {
 	}
 }
 
+// backstopFires counts the backstop timers that fired (tests).
+var backstopFires atomic.Uint64
+
 // pendingResets counts the backstop timers reset while still set (tests:
 // there must be none).
 var pendingResets atomic.Uint64
@@ -252,6 +283,7 @@ func (c *rdmaConn) resumePoll(a *pollAux) {
 	if c.pl.aux != a {
 		return // a timer this connection let go (pollExit)
 	}
+	backstopFires.Add(1)
 	a.pending = false
 	if !c.pl.suspended || c.pl.stopped || c.pl.running {
 		return
@@ -501,7 +533,8 @@ func (c *rdmaConn) poll(ctx context.Context, done chan struct{}, notified bool) 
 			// (WithPollSpin of CPU on each side of every close).
 			var waiter, owed bool
 			busy, waiter, owed = c.handle(wcs[:n])
-			if notified && busy && waiter && c.o.pollSpin > 0 {
+			if notified && busy && waiter && c.pollSpinNow() > 0 {
+				loopSuspensions.Add(1)
 				c.suspendPoll(done)
 				if owed {
 					c.pollNow() // the queue may have fired during the post, and nobody looks

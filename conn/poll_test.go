@@ -335,3 +335,50 @@ func TestBusyHostWakesSleepingReader(t *testing.T) {
 		t.Errorf("%d loops started by a kick in %d unary calls: sleeping readers were not woken to poll", n, calls)
 	}
 }
+
+// On a busy host a completion loop that left data for a reader does not
+// suspend for the reader to poll in its place: it arms the queue and
+// exits, as with WithPollSpin(0) (pollSpinNow).
+func TestBusyHostLoopDoesNotSuspend(t *testing.T) {
+	defer hostload.Force(true)()
+	l, err := Listen(t.Context(), testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveHealth(t, l)
+	cc, _ := healthRPC(t, l.Addr().String(), insecure.NewCredentials(), Dialer())
+	defer cc.Close()
+	hc := healthgrpc.NewHealthClient(cc)
+	const calls = 300
+	before := loopSuspensions.Load()
+	for range calls {
+		if _, err := hc.Check(t.Context(), &healthgrpc.HealthCheckRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := loopSuspensions.Load() - before; n != 0 {
+		t.Fatalf("%d loops suspended for a waiter in %d unary calls on a busy host", n, calls)
+	}
+}
+
+// A waiter that takes a suspended loop's role stops the suspension's
+// backstop: in a ping-pong, where waiters poll in the loop's place, the
+// backstops do not fire (each would run a goroutine for nothing).
+func TestBackstopStoppedWhenWaiterPolls(t *testing.T) {
+	defer hostload.Force(false)() // spinning: the loops suspend for waiters
+	a, b := conns(t)
+	if _, ok := a.cq.(transport.NotifyCQ); !ok {
+		t.Skipf("%T runs a completion loop for the life of the connection", a.cq)
+	}
+	const rounds = 500
+	fires, inline := backstopFires.Load(), inlineRounds.Load()
+	start := time.Now()
+	pingPong(t, a, b, rounds)
+	f, n := backstopFires.Load()-fires, inlineRounds.Load()-inline
+	el := time.Since(start)
+	t.Logf("%d round trips in %v: %d rounds taken by waiters, %d backstops fired", rounds, el.Round(time.Millisecond), n, f)
+	// One per WithPollSpin of the run, were they left to fire.
+	if limit := int64(el/DefaultPollSpin) / 4; int64(f) > limit {
+		t.Fatalf("%d backstops fired in %v of ping-pong (%d rounds taken by waiters): at most %d expected", f, el, n, limit)
+	}
+}
