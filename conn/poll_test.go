@@ -308,21 +308,10 @@ func TestBackstopRearmsForTheLaterSuspension(t *testing.T) {
 // goroutine switches and often a thread's wake-up instead of one.
 func TestBusyHostWakesSleepingReader(t *testing.T) {
 	defer hostload.Force(true)()
-	l, err := Listen(t.Context(), testAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveHealth(t, l)
-	cc, _ := healthRPC(t, l.Addr().String(), insecure.NewCredentials(), Dialer())
-	defer cc.Close()
-	hc := healthgrpc.NewHealthClient(cc)
 	const calls = 300
+	call := healthCalls(t)
 	loops := kickedLoops.Load()
-	for range calls {
-		if _, err := hc.Check(t.Context(), &healthgrpc.HealthCheckRequest{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	call(calls)
 	n := kickedLoops.Load() - loops
 	t.Logf("%d unary calls: %d loops started by a kick", calls, n)
 	// A loop per message would be about 600 here (both ends). Over verbs the kicks come from the
@@ -341,21 +330,10 @@ func TestBusyHostWakesSleepingReader(t *testing.T) {
 // exits, as with WithPollSpin(0) (pollSpinNow).
 func TestBusyHostLoopDoesNotSuspend(t *testing.T) {
 	defer hostload.Force(true)()
-	l, err := Listen(t.Context(), testAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveHealth(t, l)
-	cc, _ := healthRPC(t, l.Addr().String(), insecure.NewCredentials(), Dialer())
-	defer cc.Close()
-	hc := healthgrpc.NewHealthClient(cc)
 	const calls = 300
+	call := healthCalls(t)
 	before := loopSuspensions.Load()
-	for range calls {
-		if _, err := hc.Check(t.Context(), &healthgrpc.HealthCheckRequest{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	call(calls)
 	if n := loopSuspensions.Load() - before; n != 0 {
 		t.Fatalf("%d loops suspended for a waiter in %d unary calls on a busy host", n, calls)
 	}
@@ -380,5 +358,28 @@ func TestBackstopStoppedWhenWaiterPolls(t *testing.T) {
 	// One per WithPollSpin of the run, were they left to fire.
 	if limit := int64(el/DefaultPollSpin) / 4; int64(f) > limit {
 		t.Fatalf("%d backstops fired in %v of ping-pong (%d rounds taken by waiters): at most %d expected", f, el, n, limit)
+	}
+}
+
+// healthCalls serves gRPC health on an rdmagrpc listener and returns a
+// function that makes n unary calls to it, one at a time, over one
+// client connection; both end with the test.
+func healthCalls(t *testing.T) func(n int) {
+	t.Helper()
+	l, err := Listen(t.Context(), testAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveHealth(t, l)
+	cc, _ := healthRPC(t, l.Addr().String(), insecure.NewCredentials(), Dialer())
+	t.Cleanup(func() { cc.Close() })
+	hc := healthgrpc.NewHealthClient(cc)
+	return func(n int) {
+		t.Helper()
+		for range n {
+			if _, err := hc.Check(t.Context(), &healthgrpc.HealthCheckRequest{}); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

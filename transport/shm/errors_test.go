@@ -412,13 +412,7 @@ func TestConnectRequestOutOfDescriptorsRefused(t *testing.T) {
 	_, _, l := listenSides(t, 8, 8)
 	defer l.Close()
 	c, fds := rawSocket(t, l, infoFDs)
-	sl := l.(*listener)
-	testutil.Eventually(t, 5*time.Second, "the listener to take the socket", func() (bool, string) {
-		sl.mu.Lock()
-		n := len(sl.pending)
-		sl.mu.Unlock()
-		return n == 1, fmt.Sprintf("%d pending", n) // accepted, its request not read yet
-	})
+	awaitPending(t, l.(*listener))
 	restore := outOfDescriptors(t)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	werr := writeMsg(c, []byte{msgConnect}, fds...)
@@ -480,12 +474,7 @@ func TestWaitedRequestLeavesNetpoller(t *testing.T) {
 	defer l.Close()
 	c, fds := rawSocket(t, l, infoFDs)
 	sl := l.(*listener)
-	testutil.Eventually(t, 5*time.Second, "the listener to wait for the request", func() (bool, string) {
-		sl.mu.Lock()
-		n := len(sl.pending)
-		sl.mu.Unlock()
-		return n == 1, fmt.Sprintf("%d pending", n)
-	})
+	awaitPending(t, sl)
 	info := qpInfo{num: 1, recvCap: 4, recvSGE: 1, cqCap: 8, addr: netip.MustParseAddrPort("127.0.0.1:1")}
 	if err := writeMsg(c, info.encode(msgConnect), fds...); err != nil {
 		t.Fatal(err)
@@ -506,6 +495,18 @@ func TestWaitedRequestLeavesNetpoller(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d sockets still pending after the request was read", n)
 	}
+}
+
+// awaitPending waits until l has accepted one socket and waits for its
+// request (the pending set).
+func awaitPending(t *testing.T, l *listener) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, "the listener to take the socket", func() (bool, string) {
+		l.mu.Lock()
+		n := len(l.pending)
+		l.mu.Unlock()
+		return n == 1, fmt.Sprintf("%d pending", n) // accepted, its request not read yet
+	})
 }
 
 // rawSocket connects to l over a socket of its own and returns it with n
