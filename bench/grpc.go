@@ -120,18 +120,24 @@ func (r *rig) unary(ctx context.Context, size int) error {
 // latency runs unary calls of size bytes each way, one at a time, for d
 // (at least minSamples calls), and returns their p50 and p99.
 func (r *rig) latency(ctx context.Context, size int, d time.Duration) (p50, p99 time.Duration, err error) {
+	p50, p99, _, err = r.latencyCalls(ctx, size, d)
+	return p50, p99, err
+}
+
+// latencyCalls is latency, with the number of calls made.
+func (r *rig) latencyCalls(ctx context.Context, size int, d time.Duration) (p50, p99 time.Duration, calls int, err error) {
 	const minSamples = 5
 	var samples []time.Duration
 	start := time.Now()
 	for len(samples) < minSamples || time.Since(start) < d {
 		t0 := time.Now()
 		if err := r.unary(ctx, size); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		samples = append(samples, time.Since(t0))
 	}
 	slices.Sort(samples)
-	return percentile(samples, 50), percentile(samples, 99), nil
+	return percentile(samples, 50), percentile(samples, 99), len(samples), nil
 }
 
 // percentile by nearest rank of sorted samples.
@@ -323,9 +329,18 @@ func (r *rig) echoStream(ctx context.Context, size int, d time.Duration) (float6
 
 // cpuTime is the user+sys CPU time of the process so far.
 func cpuTime() time.Duration {
+	u, _ := usage()
+	return u
+}
+
+// usage is the user+sys CPU time of the process so far, and its context
+// switches (voluntary and not): on a busy host each switch is a thread
+// woken or preempted, and the count says where a transport's time goes
+// better than its CPU alone.
+func usage() (time.Duration, int64) {
 	var ru unix.Rusage
 	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return 0, 0
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw + ru.Nivcsw
 }

@@ -18,6 +18,7 @@ const (
 	seconds unit = iota
 	bytesPerSec
 	perSec
+	count // a number of events, to one decimal
 )
 
 func (u unit) format(v float64) string {
@@ -35,6 +36,8 @@ func (u unit) format(v float64) string {
 		return thousands(v/1e6) + " MB/s"
 	case perSec:
 		return thousands(v)
+	case count:
+		return fmt.Sprintf("%.1f", v)
 	}
 	return fmt.Sprint(v)
 }

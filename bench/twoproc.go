@@ -87,8 +87,12 @@ func serveTwoProc(name string, in io.Reader, out io.Writer) error {
 	fmt.Fprintln(out, gl.Addr().String(), rl.Addr().String())
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		if sc.Text() == "cpu" {
+		switch sc.Text() {
+		case "cpu":
 			fmt.Fprintln(out, cpuTime().Nanoseconds())
+		case "usage":
+			cpu, csw := usage()
+			fmt.Fprintln(out, cpu.Nanoseconds(), csw)
 		}
 	}
 	return nil
@@ -143,10 +147,32 @@ func (s *server) cpu() (time.Duration, error) {
 	return time.Duration(ns), err
 }
 
+// usage is the child's CPU time and context switches so far (usage).
+func (s *server) usage() (time.Duration, int64, error) {
+	if _, err := fmt.Fprintln(s.in, "usage"); err != nil {
+		return 0, 0, err
+	}
+	line, err := s.out.ReadString('\n')
+	if err != nil {
+		return 0, 0, fmt.Errorf("server: %w", err)
+	}
+	var ns, csw int64
+	if _, err := fmt.Sscan(line, &ns, &csw); err != nil {
+		return 0, 0, fmt.Errorf("server said %q: %w", line, err)
+	}
+	return time.Duration(ns), csw, nil
+}
+
 // Rows of the two-process table (the prefix keeps them apart from the
 // one-process figures).
 func row2(s string) string   { return "2p " + s }
 func rowSrvCPU(c int) string { return row2(fmt.Sprintf("server CPU/RPC c=%d", c)) }
+
+// The latency figures' cost, client and server together, per call.
+func rowCallCPU(size int) string { return row2("unary " + sizeName(size) + " CPU per call") }
+func rowCallSwitches(size int) string {
+	return row2("unary " + sizeName(size) + " context switches per call")
+}
 func rowStreamCPU(dir string, size int, side string) string {
 	return row2(rowStreamDir(dir, size) + " CPU/MB " + side)
 }
@@ -187,12 +213,24 @@ func (rep *Report) twoProcess(ctx context.Context, t network) error {
 			}
 		}
 		for _, size := range cfg.Sizes {
-			p50, p99, err := r.latency(ctx, size, d)
+			c0, w0 := usage()
+			s0, sw0, err := s.usage()
+			if err != nil {
+				return err
+			}
+			p50, p99, calls, err := r.latencyCalls(ctx, size, d)
+			if err != nil {
+				return err
+			}
+			c1, w1 := usage()
+			s1, sw1, err := s.usage()
 			if err != nil {
 				return err
 			}
 			rep.add(row2(rowP50(size)), t.name, p50.Seconds())
 			rep.add(row2(rowP99(size)), t.name, p99.Seconds())
+			rep.add(rowCallCPU(size), t.name, (c1-c0+s1-s0).Seconds()/float64(calls))
+			rep.add(rowCallSwitches(size), t.name, float64(w1-w0+sw1-sw0)/float64(calls))
 		}
 		for _, c := range cfg.Concurrency {
 			s0, err := s.cpu()
@@ -369,7 +407,9 @@ func (r *Report) twoProcMarkdown(w io.Writer, rd string) {
 	}
 	var rows []row
 	for _, s := range c.Sizes {
-		rows = append(rows, row{row2(rowP50(s)), rowP50(s), seconds}, row{row2(rowP99(s)), rowP99(s), seconds})
+		rows = append(rows, row{row2(rowP50(s)), rowP50(s), seconds}, row{row2(rowP99(s)), rowP99(s), seconds},
+			row{rowCallCPU(s), "unary " + sizeName(s) + ", one call at a time: CPU per call, client + server", seconds},
+			row{rowCallSwitches(s), "... context switches per call, client + server", count})
 	}
 	for _, n := range c.Concurrency {
 		rows = append(rows, row{row2(rowQPS(n)), rowQPS(n) + " (" + sizeName(c.QPSSize) + " unary, calls/s)", perSec})
