@@ -169,16 +169,19 @@ func (o *options) log() *slog.Logger {
 // 50 µs each round of a spin also yields the processor, and at most two
 // loops per processor spin at once. Aeron's IPC idle strategies and
 // brpc's polling mode make the same trade. While the host is busy (see
-// WithSpinOnBusyHost) connections do not spin at all. Raise it where
-// answers take longer and CPU is to spare.
+// WithSpinOnBusyHost) connections do not spin at all, and work as with a
+// WithPollSpin of 0: a completion loop arms the queue rather than leave
+// it to a waiter. Raise it where answers take longer and CPU is to spare.
 func WithPollSpin(d time.Duration) Option { return func(o *options) { o.pollSpin = max(d, 0) } }
 
 // WithSpinOnBusyHost keeps connections spinning (within WithPollSpin)
 // while the host is busy. By default a connection does not spin while
 // processes other than this one and its peers on the host leave fewer
-// than one and a half processors free (measured over the last 100 ms
-// from /proc): there a spinning thread takes turns with them and with
-// the peer it waits for, and answers come later than to a sleeping one.
+// than one and a half processors free (measured over 100 ms windows from
+// /proc; a host found busy stays so until three windows in a row find it
+// idle, or one finds the others all but stopped): there a spinning
+// thread takes turns with them and with the peer it waits for, and
+// answers come later than to a sleeping one.
 // For a host whose other processes are known to yield, or a benchmark
 // of spinning itself.
 func WithSpinOnBusyHost() Option { return func(o *options) { o.spinOnBusy = true } }
