@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"time"
 
@@ -27,8 +26,9 @@ import (
 // with the server in a child process (the bench's own executable, started
 // with serveEnv naming the transport) and the client here. The child
 // serves grpc-go's BenchmarkService and a raw sink on two listeners of the
-// transport, prints "grpcAddr rawAddr", answers each "cpu" line on stdin
-// with its CPU time in nanoseconds, and exits when stdin closes.
+// transport, prints "grpcAddr rawAddr", answers each "usage" line on
+// stdin with its CPU time in nanoseconds and its context switches, and
+// exits when stdin closes.
 const serveEnv = "RDMABENCH_SERVE"
 
 // ServerProfileEnv, set to a path prefix, makes each two-process server
@@ -87,10 +87,7 @@ func serveTwoProc(name string, in io.Reader, out io.Writer) error {
 	fmt.Fprintln(out, gl.Addr().String(), rl.Addr().String())
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		switch sc.Text() {
-		case "cpu":
-			fmt.Fprintln(out, cpuTime().Nanoseconds())
-		case "usage":
+		if sc.Text() == "usage" {
 			cpu, csw := usage()
 			fmt.Fprintln(out, cpu.Nanoseconds(), csw)
 		}
@@ -135,16 +132,10 @@ func startServer(name, provider string) (*server, error) {
 	return &server{child: c, grpc: f[0], raw: f[1]}, nil
 }
 
+// cpu is the child's CPU time so far.
 func (s *server) cpu() (time.Duration, error) {
-	if _, err := fmt.Fprintln(s.in, "cpu"); err != nil {
-		return 0, err
-	}
-	line, err := s.out.ReadString('\n')
-	if err != nil {
-		return 0, fmt.Errorf("server: %w", err)
-	}
-	ns, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	return time.Duration(ns), err
+	cpu, _, err := s.usage()
+	return cpu, err
 }
 
 // usage is the child's CPU time and context switches so far (usage).

@@ -129,8 +129,8 @@ func TestBusyHoldsUntilIdleWindows(t *testing.T) {
 	st.peers = map[int]*peerClock{}
 	now := time.Now().UnixNano()
 	st.busy.Store(st.verdict(st.sample(now)))
-	// Each window: 10 ticks of each of two processors; ours take
-	// ourTicks between this process and its peer, the stranger the rest.
+	// Each window: 10 ticks of each of two processors; ours take 10 of
+	// them, 5 this process's and 5 its peer's, the stranger strangerTicks.
 	window := func(strangerTicks uint64) bool {
 		t.Helper()
 		f.host += strangerTicks + 10
